@@ -1,0 +1,46 @@
+# Two commands do all the set-up: `make demo` and `make test`. Both bootstrap the pinned venv and the Airflow home.
+SHELL := /bin/bash
+ROOT := $(CURDIR)
+VENV ?= $(ROOT)/.venv
+export AIRFLOW_HOME ?= $(ROOT)/.airflow
+export TRAINYARD_DATA_DIR ?= $(ROOT)/data
+export PATH := $(VENV)/bin:$(PATH)
+PIPELINE ?= digits
+
+.PHONY: bootstrap demo data test unit integration lint check ui bench clean
+
+bootstrap:
+	@VENV=$(VENV) scripts/bootstrap.sh
+
+data: bootstrap
+	trainyard data digits
+
+demo: bootstrap data
+	trainyard check
+	trainyard run $(PIPELINE)
+
+lint: bootstrap
+	ruff check dags plugins images tests bench
+
+check: bootstrap
+	trainyard check
+
+test: bootstrap
+	ruff check dags plugins images tests bench
+	python -m pytest tests
+
+unit: bootstrap
+	python -m pytest tests/unit
+
+integration: bootstrap
+	python -m pytest tests/integration
+
+ui: bootstrap
+	airflow standalone
+
+bench: bootstrap
+	python bench/parse_bench.py
+	python bench/prep_bench.py
+
+clean:
+	rm -rf $(AIRFLOW_HOME) $(TRAINYARD_DATA_DIR)

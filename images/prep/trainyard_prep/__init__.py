@@ -1,0 +1,1 @@
+"""Code that runs inside the prep image: data validation (Great Expectations) and preparation (TFRecord)."""

@@ -1,0 +1,62 @@
+"""Entrypoint of the prep image: `python -m trainyard_prep {validate,prepare} --volume ... --run-dir ...`.
+
+Exit codes: 0 success; 2 usage error; 3 bad input (data or config) that a retry cannot fix; 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trainyard_prep.common import StageError, add_run_arguments, load_config, log, setup_logging, write_result
+
+EXIT_BAD_INPUT = 3
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="trainyard_prep", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True)
+    for name, text in (("validate", "pin the run's inputs and validate them with Great Expectations"),
+                       ("prepare", "split and shard the pinned inputs into TFRecord")):
+        add_run_arguments(commands.add_parser(name, help=text))
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        config = load_config()
+        log.info("%s: pipeline=%s run=%s run_dir=%s window_end=%s", args.command, config.name, args.run_id,
+                 args.run_dir, args.window_end)
+        if args.command == "validate":
+            from trainyard_prep.inputs import pin_inputs
+            from trainyard_prep.validate import validate_inputs
+
+            manifest = pin_inputs(args.volume, args.run_dir, config.data, args.window_end)
+            summary = validate_inputs(args.volume, args.run_dir, args.run_id, config, manifest)
+            result = {"rows": summary["rows"], "files": len(summary["files"]),
+                      "expectations": summary["expectations"],
+                      "results": str((args.run_dir / "validation" / "results.json").relative_to(args.volume)),
+                      "data_docs": str((args.run_dir / "validation/data_docs/index.html").relative_to(args.volume))}
+        else:
+            from trainyard_prep.inputs import load_manifest
+            from trainyard_prep.prepare import prepare
+
+            out = prepare(args.run_dir, config, load_manifest(args.run_dir))
+            result = {"rows": out["rows"], "shards": len(out["shards"]),
+                      "prepared": str((args.run_dir / "prepared").relative_to(args.volume)),
+                      "inputs_sha256": out["inputs"]["sha256"]}
+    except StageError as exc:
+        log.error("%s failed: %s", args.command, exc)
+        return EXIT_BAD_INPUT
+    write_result(args.xcom, result)
+    log.info("%s succeeded: %s", args.command, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""What every stage entrypoint shares: arguments, the config from the pod env, XCom, progress logging."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from trainyard.atomic import write_json
+from trainyard.schema import PipelineConfig
+from trainyard.stages import CONFIG_ENV
+
+log = logging.getLogger("trainyard")
+
+
+class StageError(Exception):
+    """A problem with the stage's input (data, config) that the user must fix; printed without a stack trace."""
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    for noisy in ("great_expectations", "absl", "tensorflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--volume", required=True, type=Path, help="root of the shared volume")
+    parser.add_argument("--run-dir", required=True, type=Path, help="this run's folder on the volume")
+    parser.add_argument("--run-id", required=True, help="the Airflow run id")
+    parser.add_argument("--xcom", type=Path, help="where to write the small JSON result (KPO's return.json)")
+    parser.add_argument("--window-end", type=dt.datetime.fromisoformat, help="data interval end (ISO 8601)")
+
+
+def load_config() -> PipelineConfig:
+    raw = os.environ.get(CONFIG_ENV)
+    if not raw:
+        raise StageError(f"{CONFIG_ENV} is not set: this entrypoint is started by Trainyard with the run's config")
+    return PipelineConfig.model_validate_json(raw)
+
+
+def write_result(path: Path | None, payload: dict[str, Any]) -> None:
+    if path is not None:
+        write_json(path, payload)
+
+
+def relative_to_volume(volume: Path, path: Path) -> str:
+    return str(path.relative_to(volume))
+
+
+class Progress:
+    """Logs rows and MB/s at most every `every` seconds, and a final line."""
+
+    def __init__(self, what: str, every: float = 5.0):
+        self.what, self.every = what, every
+        self.rows = 0
+        self.bytes = 0
+        self.start = self.last = time.monotonic()
+
+    def add(self, rows: int, nbytes: int) -> None:
+        self.rows += rows
+        self.bytes += nbytes
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            self._log("progress")
+
+    def done(self) -> dict[str, float]:
+        self._log("done")
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        return {"rows": self.rows, "bytes": self.bytes, "seconds": round(elapsed, 3),
+                "rows_per_second": round(self.rows / elapsed, 1)}
+
+    def _log(self, label: str) -> None:
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        log.info("%s %s: %d rows, %.1f MB, %.0f rows/s, %.1f MB/s", self.what, label, self.rows,
+                 self.bytes / 1e6, self.rows / elapsed, self.bytes / 1e6 / elapsed)

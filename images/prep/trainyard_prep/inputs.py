@@ -1,0 +1,139 @@
+"""Pin a run's inputs: pick the partitions in its window, hardlink them under the run folder, hash them.
+
+The snapshot makes re-runs (retries, clears) read exactly the same bytes even after new partitions land, without
+copying data: hardlinks share the blocks on the same volume.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainyard.atomic import staged_dir, write_json
+from trainyard.schema import DataConfig
+from trainyard_prep.common import StageError, log
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Partition:
+    day: dt.date
+    path: Path
+
+
+def list_partitions(source: Path, key: str) -> list[Partition]:
+    if not source.is_dir():
+        raise StageError(f"data source {source} does not exist (data.source in the pipeline config)")
+    pattern = re.compile(rf"^{re.escape(key)}=(\d{{4}}-\d{{2}}-\d{{2}})$")
+    found = []
+    for child in sorted(source.iterdir()):
+        match = pattern.match(child.name)
+        if match and child.is_dir():
+            try:
+                found.append(Partition(dt.date.fromisoformat(match.group(1)), child))
+            except ValueError:
+                raise StageError(f"{child}: {match.group(1)!r} is not a valid date") from None
+    return found
+
+
+def select_window(partitions: list[Partition], end: dt.datetime | None, days: int | None) -> list[Partition]:
+    """Partitions whose day starts before `end` (all if no end) and, with a window, no earlier than `end - days`.
+
+    A daily run for the interval [Dec 1, Dec 2) with `days: 1` reads exactly the Dec 1 partition.
+    """
+    if end is None:
+        return list(partitions)
+    end = end if end.tzinfo else end.replace(tzinfo=dt.UTC)
+    start = end - dt.timedelta(days=days) if days is not None else None
+    chosen = []
+    for part in partitions:
+        day_start = dt.datetime.combine(part.day, dt.time(), tzinfo=dt.UTC)
+        if day_start < end and (start is None or day_start >= start):
+            chosen.append(part)
+    return chosen
+
+
+def data_files(partition: Path, suffix: str) -> list[Path]:
+    """A partition's data files; hidden and `_`-prefixed files (`_SUCCESS`, temp files) are not data."""
+    return sorted(p for p in partition.iterdir() if p.is_file() and p.suffix == suffix and p.name[0] not in "._")
+
+
+def sha256_file(path: Path, block: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _link_or_copy(src: Path, dst: Path) -> str:
+    try:
+        os.link(src, dst)
+        return "hardlink"
+    except OSError as exc:
+        log.warning("cannot hardlink %s (%s); copying instead (is the run folder on another filesystem?)", src, exc)
+        shutil.copy2(src, dst)
+        return "copy"
+
+
+def pin_inputs(volume: Path, run_dir: Path, data: DataConfig, window_end: dt.datetime | None) -> dict[str, Any]:
+    """The run's input manifest; created once per run, reused as is by retries and later stages."""
+    inputs_dir = run_dir / "inputs"
+    manifest_path = inputs_dir / MANIFEST
+    if manifest_path.is_file():
+        log.info("inputs already pinned for this run: %s", manifest_path)
+        return load_manifest(run_dir)
+    source = volume / data.source
+    partitions = list_partitions(source, data.partition_key)
+    days = data.window.days if data.window else None
+    chosen = select_window(partitions, window_end, days)
+    if not chosen:
+        span = f"{partitions[0].day}..{partitions[-1].day}" if partitions else "none"
+        window = f"the {days} day(s) before {window_end}" if days else f"before {window_end}"
+        raise StageError(
+            f"no partitions of {data.source} in the run's window ({window}); "
+            f"{len(partitions)} partition(s) exist ({span}). Add data or widen data.window."
+        )
+    files: list[dict[str, Any]] = []
+    with staged_dir(inputs_dir) as staging:
+        for part in chosen:
+            found = data_files(part.path, f".{data.format}")
+            if not found:
+                raise StageError(f"{part.path}: partition has no .{data.format} files")
+            (staging / part.path.name).mkdir()
+            for path in found:
+                how = _link_or_copy(path, staging / part.path.name / path.name)
+                files.append({
+                    "source": str(path.relative_to(volume)),
+                    "snapshot": f"inputs/{part.path.name}/{path.name}",
+                    "partition": part.day.isoformat(),
+                    "bytes": path.stat().st_size,
+                    "sha256": sha256_file(staging / part.path.name / path.name),
+                    "pinned_by": how,
+                })
+        manifest = {
+            "source": data.source,
+            "window_end": window_end.isoformat() if window_end else None,
+            "window_days": days,
+            "partitions": [p.day.isoformat() for p in chosen],
+            "files": files,
+            "total_bytes": sum(f["bytes"] for f in files),
+        }
+        write_json(staging / MANIFEST, manifest)
+    log.info("pinned %d file(s) from %d partition(s), %.1f MB", len(files), len(chosen), manifest["total_bytes"] / 1e6)
+    return manifest
+
+
+def load_manifest(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "inputs" / MANIFEST
+    if not path.is_file():
+        raise StageError(f"{path} is missing: validate_data pins the inputs and must run first")
+    return json.loads(path.read_text())

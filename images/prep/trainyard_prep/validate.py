@@ -1,0 +1,203 @@
+"""validate_data: a Great Expectations suite built from the config, run on the run's pinned input files.
+
+Each file is read in chunks (memory stays bounded by `prep.chunk_rows`), each chunk is one GE validation, and the
+table-level row count is checked on the total. Results JSON and Data Docs (made to open offline) go to
+`<run>/validation/` by temp-then-rename; a failure prints one line per problem, naming the file and column.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import great_expectations as gx
+import pandas as pd
+from great_expectations.core.run_identifier import RunIdentifier
+from great_expectations.data_context.types.base import ProgressBarsConfig
+
+from trainyard.atomic import staged_dir, write_json
+from trainyard.schema import DataConfig, PipelineConfig
+from trainyard_prep.common import Progress, StageError
+from trainyard_prep.datadocs import make_offline
+from trainyard_prep.readers import read_chunks, truncated_rows
+
+NUMERIC_TYPES = {"float": ["float64", "float32", "int64", "int32", "int16", "int8", "Float64", "Int64"],
+                 "int": ["int64", "int32", "int16", "int8", "Int64"]}
+STRING_TYPES = ["object", "str", "string", "StringDtype"]
+SITE_NAME = "trainyard_run"
+
+
+def build_suite(data: DataConfig, name: str) -> gx.ExpectationSuite:
+    """Columns present, types, not-null, ranges and allowed values, from `data.features` and `data.label`."""
+    suite = gx.ExpectationSuite(name=name)
+    E = gx.expectations
+    columns: list[tuple[str, str, Any]] = [(f.name, f.dtype, f) for f in data.columns()]
+    label = data.label
+    for name_, dtype, feature in columns:
+        suite.add_expectation(E.ExpectColumnToExist(column=name_))
+        types = STRING_TYPES if dtype == "string" else NUMERIC_TYPES[dtype]
+        if feature.nullable and dtype == "int":
+            types = types + ["float64"]
+        suite.add_expectation(E.ExpectColumnValuesToBeInTypeList(column=name_, type_list=types))
+        if not feature.nullable:
+            suite.add_expectation(E.ExpectColumnValuesToNotBeNull(column=name_))
+        if feature.min is not None or feature.max is not None:
+            suite.add_expectation(
+                E.ExpectColumnValuesToBeBetween(column=name_, min_value=feature.min, max_value=feature.max)
+            )
+        if feature.allowed:
+            suite.add_expectation(E.ExpectColumnValuesToBeInSet(column=name_, value_set=list(feature.allowed)))
+    suite.add_expectation(E.ExpectColumnToExist(column=label.name))
+    suite.add_expectation(E.ExpectColumnValuesToNotBeNull(column=label.name))
+    suite.add_expectation(
+        E.ExpectColumnValuesToBeInTypeList(
+            column=label.name, type_list=STRING_TYPES if label.dtype == "string" else NUMERIC_TYPES["int"]
+        )
+    )
+    suite.add_expectation(E.ExpectColumnValuesToBeInSet(column=label.name, value_set=list(label.classes)))
+    return suite
+
+
+@dataclass
+class FileReport:
+    file: str
+    rows: int = 0
+    chunks: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "rows": self.rows, "chunks": self.chunks, "success": not self.problems,
+                "problems": self.problems}
+
+
+def _describe(result: Any, chunk: pd.DataFrame, truncated: pd.Index) -> str | None:
+    """One human line for a failed expectation result, with line numbers or sample values where they help.
+
+    The chunk's index is the row number within the file, so a row's line number is `index + 2` (after the header).
+    """
+    config = result.expectation_config
+    kind = config.type
+    column = config.kwargs.get("column")
+    details = result.result or {}
+    if kind != "expect_column_to_exist" and column is not None and column not in chunk.columns:
+        return None  # reported once, by expect_column_to_exist
+    if result.exception_info and result.exception_info.get("raised_exception"):
+        return f"{column}: {kind} could not be evaluated (is the column's type wrong?)"
+    if kind == "expect_column_to_exist":
+        return f"{column}: column is missing (columns present: {len(chunk.columns)})"
+    if kind == "expect_column_values_to_be_in_type_list":
+        observed = details.get("observed_value")
+        bad = pd.to_numeric(chunk[column], errors="coerce").isna() & chunk[column].notna()
+        sample = chunk[column][bad].astype(str).head(3).tolist()
+        where = f", e.g. line {int(bad.idxmax()) + 2}: {sample[0]!r}" if sample else ""
+        return f"{column}: wrong type {observed} (expected one of {config.kwargs['type_list'][:3]}...){where}"
+    count = details.get("unexpected_count", "?")
+    if kind == "expect_column_values_to_not_be_null":
+        empty = chunk.index[chunk[column].isna()].difference(truncated)
+        if empty.empty:
+            return None  # only truncated rows, reported on their own
+        count = len(empty)
+        lines = [int(i) + 2 for i in empty[:3]]
+        return f"{column}: {count} empty/NaN value(s), at line(s) {', '.join(map(str, lines))}"
+    sample = details.get("partial_unexpected_list", [])[:3]
+    return f"{column}: {count} value(s) fail {kind}, e.g. {sample}"
+
+
+class SuiteRunner:
+    """An ephemeral GE context with one pandas dataframe asset, validating chunk after chunk against one suite."""
+
+    def __init__(self, config: PipelineConfig, docs_dir: Path, run_id: str):
+        self.context = gx.get_context(mode="ephemeral")
+        self.context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+        self.context.add_data_docs_site(
+            site_name=SITE_NAME,
+            site_config={
+                "class_name": "SiteBuilder",
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            },
+        )
+        source = self.context.data_sources.add_pandas("trainyard")
+        batch = source.add_dataframe_asset(config.data.source.replace("/", "_")).add_batch_definition_whole_dataframe(
+            "chunk"
+        )
+        self.suite = self.context.suites.add(build_suite(config.data, config.name))
+        self.definition = self.context.validation_definitions.add(
+            gx.ValidationDefinition(name=f"{config.name}-inputs", data=batch, suite=self.suite)
+        )
+        self.run_id = run_id
+
+    def validate(self, frame: pd.DataFrame, run_name: str) -> Any:
+        return self.definition.run(
+            batch_parameters={"dataframe": frame},
+            result_format="SUMMARY",
+            run_id=RunIdentifier(run_name=run_name, run_time=dt.datetime.now(dt.UTC)),
+        )
+
+    def build_docs(self) -> None:
+        self.context.build_data_docs(site_names=[SITE_NAME])
+
+
+def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineConfig,
+                    manifest: dict[str, Any]) -> dict[str, Any]:
+    """Validate every pinned file; write `validation/`; raise StageError listing every problem."""
+    reports: list[FileReport] = []
+    progress = Progress("validate")
+    expected = [c.name for c in config.data.columns()] + [config.data.label.name]
+    with staged_dir(run_dir / "validation") as out:
+        runner = SuiteRunner(config, out / "data_docs", run_id)
+        for entry in manifest["files"]:
+            report = FileReport(file=entry["source"])
+            reports.append(report)
+            path = run_dir / entry["snapshot"]
+            try:
+                for chunk, nbytes in read_chunks(path, config.prep.chunk_rows, expected):
+                    report.chunks += 1
+                    report.rows += len(chunk)
+                    progress.add(len(chunk), nbytes)
+                    result = runner.validate(chunk, f"{Path(entry['source']).parent.name}-{path.name}-{report.chunks}")
+                    truncated = truncated_rows(chunk)
+                    for index in truncated[:5]:
+                        filled = int(chunk.loc[index].notna().sum())
+                        report.problems.append(
+                            f"line {int(index) + 2} is truncated: only {filled} of {chunk.shape[1]} fields have values"
+                        )
+                    for item in result.results:
+                        if not item.success:
+                            line = _describe(item, chunk, truncated)
+                            if line and line not in report.problems:
+                                report.problems.append(line)
+            except StageError as exc:
+                report.problems.append(str(exc))
+        total = sum(r.rows for r in reports)
+        limits = config.data.expectations
+        table_problems = []
+        if total < limits.min_rows:
+            table_problems.append(f"{total} row(s) in total, fewer than data.expectations.min_rows={limits.min_rows}")
+        if limits.max_rows is not None and total > limits.max_rows:
+            table_problems.append(f"{total} row(s) in total, more than data.expectations.max_rows={limits.max_rows}")
+        runner.build_docs()
+        make_offline(out / "data_docs")
+        success = not table_problems and all(not r.problems for r in reports)
+        summary = {
+            "success": success,
+            "rows": total,
+            "files": [r.as_dict() for r in reports],
+            "table_problems": table_problems,
+            "expectations": len(runner.suite.expectations),
+            "data_docs": "validation/data_docs/index.html",
+            "throughput": progress.done(),
+        }
+        write_json(out / "results.json", summary)
+    if not success:
+        lines = [f"{r.file}: {p}" for r in reports for p in r.problems] + table_problems
+        shown = "\n".join(f"  - {line}" for line in lines[:50])
+        more = f"\n  ... and {len(lines) - 50} more" if len(lines) > 50 else ""
+        raise StageError(
+            f"data validation failed: {len(lines)} problem(s) in {manifest['source']}\n{shown}{more}\n"
+            f"Details: {run_dir / 'validation' / 'results.json'}; "
+            f"Data Docs: {run_dir / 'validation' / 'data_docs' / 'index.html'}"
+        )
+    return summary

@@ -1,0 +1,57 @@
+"""Write-then-rename helpers: a reader of the shared volume never sees a half-written file or folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary sibling, fsync, then rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, payload: Any) -> None:
+    write_bytes(path, (json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+@contextmanager
+def staged_dir(final: Path) -> Iterator[Path]:
+    """Yield an empty temporary sibling of `final`; on success it replaces `final` in two renames.
+
+    A retry that finds an old `final` moves it aside first and removes it only after the new one is in place, so a
+    reader finds the complete old folder, the complete new one, or (between the two renames) none, never a
+    mix. On failure the temporary folder is removed and `final` is untouched.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(final, old)
+    os.rename(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,34 @@
+"""The launcher interface every backend implements."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from kubernetes.client import models as k8s
+
+# Exit codes the stage entrypoints use (images/*/__main__.py): 2 usage error, 3 bad input data or config.
+NON_RETRYABLE_EXIT_CODES = (2, 3)
+
+
+class StageFailed(Exception):
+    """A stage's pod or process ended unsuccessfully; the message says how and shows the tail of its output."""
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    @property
+    def retryable(self) -> bool:
+        """False when the stage said its input is bad: a retry would fail the same way."""
+        return self.exit_code not in NON_RETRYABLE_EXIT_CODES
+
+
+class Launcher(Protocol):
+    def run_pod(self, pod: k8s.V1Pod, log: logging.Logger) -> dict[str, Any] | None:
+        """Run one pod to completion, streaming its output to `log`; return its XCom (return.json) or None."""
+        ...
+
+    def kill(self) -> None:
+        """Stop whatever this launcher started (called from the operator's on_kill)."""
+        ...

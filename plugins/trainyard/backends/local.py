@@ -1,0 +1,162 @@
+"""The local backend: runs a stage's V1Pod as a local process over a local folder standing in for the volume.
+
+What maps, explicitly: the image's `python -m <module>` becomes this venv's interpreter (images.py); the shared
+volume's mount path becomes `TRAINYARD_DATA_DIR`; the pod's `/airflow/xcom` and scratch emptyDirs become temporary
+folders. Env values come from the pod (Secret references are read from the same-named local variable, since a
+laptop has no Secrets). The output streams into the task log line by line, and the return.json the process wrote
+is the task's XCom, as with KubernetesPodOperator.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client import models as k8s
+
+from trainyard import settings
+from trainyard.backends.base import StageFailed
+from trainyard.images import local_command
+from trainyard.podspec import SCRATCH_NAME, VOLUME_NAME
+from trainyard.stages import XCOM_DIR
+
+TAIL_LINES = 40
+STOP_GRACE_SECONDS = 10.0
+
+
+class PathMapper:
+    """Rewrites container paths (an exact mount path or anything below it) to local folders."""
+
+    def __init__(self, mounts: dict[str, Path]):
+        # Longest first, so /data/x maps before /data.
+        self._mounts = sorted(mounts.items(), key=lambda item: len(item[0]), reverse=True)
+
+    def __call__(self, value: str) -> str:
+        for container_path, local in self._mounts:
+            if value == container_path:
+                return str(local)
+            if value.startswith(container_path.rstrip("/") + "/"):
+                return str(local / value[len(container_path.rstrip("/")) + 1 :])
+        return value
+
+
+def _env_for(container: k8s.V1Container, mapper: PathMapper) -> dict[str, str]:
+    env = dict(os.environ)
+    for var in container.env or []:
+        if var.value is not None:
+            env[var.name] = mapper(var.value)
+        elif var.value_from is not None and var.name not in os.environ:
+            env.pop(var.name, None)  # a Secret reference with no local stand-in: leave it unset
+    return env
+
+
+class LocalProcess:
+    """One running pod-as-process: started in its own session so it can be stopped with all its children."""
+
+    def __init__(self, pod: k8s.V1Pod, data_dir: Path, work_dir: Path):
+        container = pod.spec.containers[0]
+        self.name = pod.metadata.name
+        mounts: dict[str, Path] = {XCOM_DIR: work_dir / "xcom"}
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        for mount in container.volume_mounts or []:
+            if mount.name == VOLUME_NAME:
+                mounts[mount.mount_path] = data_dir
+            elif mount.name == SCRATCH_NAME:
+                mounts[mount.mount_path] = work_dir / "scratch"
+            elif mount.name in volumes and volumes[mount.name].empty_dir is not None:
+                mounts.setdefault(mount.mount_path, work_dir / mount.name)
+        for local in mounts.values():
+            local.mkdir(parents=True, exist_ok=True)
+        self.xcom_file = mounts[XCOM_DIR] / "return.json"
+        mapper = PathMapper(mounts)
+        self.argv = local_command(container.image, list(container.command or [])) + [
+            mapper(a) for a in container.args or []
+        ]
+        self.env = _env_for(container, mapper)
+        self.env["TMPDIR"] = str(work_dir / "scratch")
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
+
+    def stream(self, log: logging.Logger, prefix: str) -> int:
+        """Copy output lines to `log` until the process exits; return its exit code."""
+        if self.process is None or self.process.stdout is None:
+            raise RuntimeError(f"process for {self.name} was not started")
+        for line in self.process.stdout:
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            log.info("%s %s", prefix, line)
+        return self.process.wait()
+
+    def stop(self) -> None:
+        """SIGTERM the process group, then SIGKILL after a grace period; always reaps."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        except ProcessLookupError:
+            process.wait()
+
+    def read_xcom(self) -> dict[str, Any] | None:
+        if not self.xcom_file.is_file():
+            return None
+        return json.loads(self.xcom_file.read_text())
+
+
+class LocalLauncher:
+    """Runs pods as local processes; `kill()` (from on_kill, any thread) stops every process it started."""
+
+    def __init__(self, data_dir: Path | None = None):
+        self.data_dir = data_dir or settings.data_dir()
+        self._running: list[LocalProcess] = []
+        self._lock = threading.Lock()
+
+    def run_pod(self, pod: k8s.V1Pod, log: logging.Logger) -> dict[str, Any] | None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="trainyard-pod-") as work:
+            proc = LocalProcess(pod, self.data_dir, Path(work))
+            log.info("local backend: running pod %s: %s", proc.name, " ".join(proc.argv))
+            with self._lock:
+                self._running.append(proc)
+            try:
+                proc.start()
+                code = proc.stream(log, f"[{pod.metadata.labels.get('trainyard/stage', proc.name)}]")
+            finally:
+                proc.stop()
+                with self._lock:
+                    self._running.remove(proc)
+            if code != 0:
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                tail = "\n".join(f"    {line}" for line in proc.tail)
+                raise StageFailed(f"pod {proc.name} {how}; last {len(proc.tail)} lines of its output:\n{tail}", code)
+            return proc.read_xcom()
+
+    def kill(self) -> None:
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            proc.stop()

@@ -1,0 +1,132 @@
+"""`trainyard`: the verbs Airflow has no word for. `check` configs, `run` a pipeline end to end, write example `data`.
+
+Exit codes: 0 success, 1 invalid config or failed run, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+from trainyard import settings
+from trainyard.config_loader import (
+    ConfigError,
+    check_folder,
+    find_pipeline_file,
+    load_pipeline_file,
+    pipeline_files,
+)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    paths: list[Path] = []
+    for given in args.paths or [settings.pipelines_dir()]:
+        path = Path(given)
+        if path.is_dir():
+            paths.extend(pipeline_files(path))
+        elif path.is_file():
+            paths.append(path)
+        else:
+            print(f"trainyard check: {path}: no such file or folder", file=sys.stderr)
+            return EXIT_USAGE
+    if not paths:
+        print("trainyard check: no pipeline configs (*.yaml) found", file=sys.stderr)
+        return EXIT_FAILED
+    configs, errors = check_folder(paths)
+    for line in errors:
+        print(line, file=sys.stderr)
+    for config in configs:
+        print(f"ok  {config.name}")
+    if errors:
+        print(f"{len(errors)} error(s) in {len(paths) - len(configs)} of {len(paths)} file(s)", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        conf = json.loads(args.conf) if args.conf else {}
+    except json.JSONDecodeError as exc:
+        print(f"trainyard run: --conf is not valid JSON: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not isinstance(conf, dict):
+        print("trainyard run: --conf must be a JSON object, e.g. '{\"steps\": 100}'", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        path = find_pipeline_file(settings.pipelines_dir(), args.pipeline)
+        config = load_pipeline_file(path)
+    except ConfigError as exc:
+        print("\n".join(exc.lines), file=sys.stderr)
+        return EXIT_FAILED
+    from trainyard.dag_factory import build_dag
+    from trainyard.layout import run_key
+
+    dag = build_dag(config, str(path))
+    unknown = sorted(set(conf) - set(dag.params.keys()))
+    if unknown:
+        print(f"trainyard run: unknown parameter(s) {unknown}; known: {sorted(dag.params.keys())}", file=sys.stderr)
+        return EXIT_USAGE
+    logical_date = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    dag_run = dag.test(logical_date=logical_date, run_conf=conf)
+    run_dir = settings.data_dir() / "runs" / config.name / run_key(dag_run.run_id)
+    state = str(getattr(dag_run.state, "value", dag_run.state))
+    print(f"trainyard run: {config.name} run {dag_run.run_id} finished: {state}")
+    print(f"trainyard run: run folder: {run_dir}")
+    return EXIT_OK if state == "success" else EXIT_FAILED
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from trainyard_prep import example_data
+
+    root = settings.data_dir()
+    end = dt.date.fromisoformat(args.end_date) if args.end_date else None
+    if args.dataset == "digits":
+        target = root / "datasets" / "digits"
+        if target.exists() and any(target.iterdir()) and not args.force:
+            print(f"trainyard data: {target} already has data (use --force to rewrite)")
+            return EXIT_OK
+        paths = example_data.write_digits(target, days=args.days, end=end)
+    else:
+        target = root / "datasets" / (args.name or "synthetic")
+        paths = example_data.write_synthetic(target, rows=args.rows, features=args.features, days=args.days, end=end)
+    print(f"trainyard data: wrote {len(paths)} partition file(s) under {target}")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="trainyard", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check", help="validate pipeline configs (default: the pipelines folder)")
+    check.add_argument("paths", nargs="*", help="config files or folders")
+    check.set_defaults(func=cmd_check)
+    run = commands.add_parser("run", help="run one pipeline end to end through Airflow on the local backend")
+    run.add_argument("pipeline", help="pipeline name (the config's file name)")
+    run.add_argument("--conf", help="JSON object of trigger parameters, e.g. '{\"steps\": 200}'")
+    run.set_defaults(func=cmd_run)
+    data = commands.add_parser("data", help="write an example dataset onto the local volume")
+    data.add_argument("dataset", choices=["digits", "synthetic"])
+    data.add_argument("--days", type=int, default=5, help="number of daily partitions")
+    data.add_argument("--end-date", help="date of the last partition (default: yesterday, UTC)")
+    data.add_argument("--rows", type=int, default=100_000, help="synthetic: number of rows")
+    data.add_argument("--features", type=int, default=16, help="synthetic: number of float features")
+    data.add_argument("--name", help="synthetic: dataset folder name under datasets/")
+    data.add_argument("--force", action="store_true", help="digits: rewrite existing data")
+    data.set_defaults(func=cmd_data)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_USAGE if exc.code else EXIT_OK
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

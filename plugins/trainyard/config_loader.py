@@ -1,0 +1,213 @@
+"""Load `pipelines_config/*.yaml` into `PipelineConfig`, with one `FILE:LINE:COL: field: message` line per error.
+
+`_defaults.yaml` in the same folder (files starting with `_` are not pipelines) holds cluster-wide defaults
+(namespace, volume, node pools, GPU tiers); each pipeline file is deep-merged over it, and an error in a value that
+came from the defaults file points at that file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from trainyard.schema import PipelineConfig
+from trainyard.yaml_source import Loc, SourceDocument, YamlSourceError, load_yaml_file
+
+DEFAULTS_FILE = "_defaults.yaml"
+CONFIG_SUFFIXES = (".yaml", ".yml")
+
+
+class ConfigError(Exception):
+    """One or more problems in config files; `lines` are `FILE:LINE:COL: field: message`, ready to print."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def display_path(path: Path) -> str:
+    """A short name for error lines: relative to the working directory when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` over `base`: mappings merge key by key, every other value (lists included) is replaced."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _unwrap_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside Optional[...] / list[...] / dict[..., ...] annotations, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap_model(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType, list, dict, tuple):
+        for arg in typing.get_args(annotation):
+            found = _unwrap_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _model_at(loc: Loc) -> type[BaseModel] | None:
+    """The model class that owns the last element of `loc` (for "did you mean" on unknown keys)."""
+    model: type[BaseModel] | None = PipelineConfig
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, int) or part not in model.model_fields:
+            continue  # list index or dict key: stay on the element model
+        model = _unwrap_model(model.model_fields[part].annotation)
+    return model
+
+
+def _message(error: dict[str, Any]) -> str:
+    kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
+    loc: Loc = tuple(error["loc"])
+    if kind == "extra_forbidden":
+        owner = _model_at(loc[:-1])
+        known = sorted(owner.model_fields) if owner else []
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else (f"; known fields: {', '.join(known)}" if known else "")
+        return f"unknown field{hint}"
+    if kind == "missing":
+        return "required field is missing"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        symbol = {"greater_than_equal": "≥", "greater_than": ">", "less_than_equal": "≤", "less_than": "<"}[kind]
+        bound = next(iter(ctx.values()))
+        return f"must be {symbol} {bound} (got {value!r})"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')} (got {value!r})"
+    if kind == "string_pattern_mismatch":
+        return f"{value!r} does not match the pattern {ctx.get('pattern')}"
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    text = error["msg"]
+    return f"{text[0].lower()}{text[1:]} (got {value!r})" if "input" in error else text
+
+
+def _refine(error: dict[str, Any]) -> dict[str, Any]:
+    """Move a model validator's "@sub.field: message" error onto that sub-field."""
+    text = str((error.get("ctx") or {}).get("error", ""))
+    if error["type"] != "value_error" or not text.startswith("@") or ": " not in text:
+        return error
+    path, message = text[1:].split(": ", 1)
+    return {**error, "loc": (*error["loc"], *path.split(".")), "ctx": {"error": message}}
+
+
+def _error_line(error: dict[str, Any], sources: Iterable[SourceDocument], fallback: SourceDocument) -> str:
+    error = _refine(error)
+    loc: Loc = tuple(error["loc"])
+    dotted = ".".join(str(part) for part in loc) or "(top level)"
+    mark = None
+    for source in sources:
+        table = source.key_marks if error["type"] == "extra_forbidden" else source.marks
+        if loc in table:
+            mark = table[loc]
+            break
+    if mark is None:
+        mark = fallback.mark_for(loc)
+    return f"{mark}: {dotted}: {_message(error)}"
+
+
+def load_defaults(folder: Path) -> SourceDocument | None:
+    path = folder / DEFAULTS_FILE
+    return load_yaml_file(path, display_path(path)) if path.is_file() else None
+
+
+def validate_document(
+    document: SourceDocument, defaults: SourceDocument | None, expected_name: str | None
+) -> PipelineConfig:
+    """Validate one parsed pipeline (merged over the defaults); raise ConfigError with every problem."""
+    data = deep_merge(defaults.data, document.data) if defaults else document.data
+    sources = [document, defaults] if defaults else [document]
+    try:
+        config = PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [_error_line(err, sources, document) for err in exc.errors(include_url=False)]
+        raise ConfigError(lines) from None
+    if expected_name is not None and config.name != expected_name:
+        mark = document.mark_for(("name",))
+        raise ConfigError(
+            [f"{mark}: name: {config.name!r} must match the file name {expected_name!r} (one file, one DAG id)"]
+        )
+    return config
+
+
+def load_pipeline_file(path: Path, defaults: SourceDocument | None = None) -> PipelineConfig:
+    """Load one pipeline config file; defaults come from `_defaults.yaml` beside it unless given."""
+    try:
+        if defaults is None:
+            defaults = load_defaults(path.parent)
+        document = load_yaml_file(path, display_path(path))
+    except YamlSourceError as exc:
+        raise ConfigError(exc.lines) from None
+    return validate_document(document, defaults, expected_name=path.stem)
+
+
+def pipeline_files(folder: Path) -> list[Path]:
+    """Every pipeline config in `folder` (not `_`-prefixed), sorted."""
+    return sorted(
+        p for p in folder.iterdir() if p.suffix in CONFIG_SUFFIXES and not p.name.startswith("_") and p.is_file()
+    )
+
+
+def find_pipeline_file(folder: Path, name: str) -> Path:
+    """The one config file for pipeline `name` (`<name>.yaml` or `<name>.yml`, not both)."""
+    candidates = [folder / f"{name}{suffix}" for suffix in CONFIG_SUFFIXES if (folder / f"{name}{suffix}").is_file()]
+    if not candidates:
+        known = [p.stem for p in pipeline_files(folder)] if folder.is_dir() else []
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; pipelines there: {', '.join(known) or 'none'}"
+        raise ConfigError([f"{display_path(folder)}: no pipeline config named {name!r}{hint}"])
+    if len(candidates) > 1:
+        raise ConfigError(
+            [f"{display_path(candidates[1])}:1:1: name: pipeline {name!r} is defined twice "
+             f"(also {display_path(candidates[0])}); keep one file per pipeline"]
+        )
+    return candidates[0]
+
+
+def check_folder(paths: list[Path]) -> tuple[list[PipelineConfig], list[str]]:
+    """Validate several files (as `trainyard check` does): every valid config and every error line."""
+    configs: list[PipelineConfig] = []
+    errors: list[str] = []
+    seen: dict[str, Path] = {}
+    defaults_cache: dict[Path, SourceDocument | None] = {}
+    for path in paths:
+        try:
+            folder = path.parent.resolve()
+            if folder not in defaults_cache:
+                defaults_cache[folder] = load_defaults(path.parent)
+            config = load_pipeline_file(path, defaults_cache[folder])
+        except ConfigError as exc:
+            errors.extend(exc.lines)
+            continue
+        except YamlSourceError as exc:
+            errors.extend(exc.lines)
+            continue
+        if config.name in seen:
+            errors.append(
+                f"{display_path(path)}:1:1: name: pipeline {config.name!r} is defined twice "
+                f"(also {display_path(seen[config.name])}); DAG ids must be unique"
+            )
+            continue
+        seen[config.name] = path
+        configs.append(config)
+    return configs, errors

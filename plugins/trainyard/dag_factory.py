@@ -1,0 +1,85 @@
+"""Config -> Airflow DAG. Runs at parse time, so it does no I/O beyond reading the config, and imports nothing heavy.
+
+A DAG shim in `dags/` calls `dag_from_config(name)`; a bad config raises ConfigError there, so Airflow shows an
+import error naming the file, line and field for that one DAG while every other pipeline still loads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from airflow.sdk import DAG
+
+from trainyard.config_loader import display_path, find_pipeline_file, load_pipeline_file
+from trainyard.operators import StageOperator
+from trainyard.params import build_params
+from trainyard.schema import PipelineConfig
+from trainyard.settings import pipelines_dir
+
+STAGES = (
+    ("validate_data", "validate", "Great Expectations suite from the config on the run's input partitions."),
+    ("prepare_data", "prepare", "Deterministic split into TFRecord shards with schema, stats and manifest."),
+)
+
+
+def render_doc(config: PipelineConfig, source: str) -> str:
+    data, training = config.data, config.training
+    window = f"the last {data.window.days} day(s)" if data.window else "every partition up to the run's end"
+    rows = "\n".join(f"| `{task_id}` | {what} |" for task_id, _, what in STAGES)
+    return f"""### {config.name}
+
+{config.description or "A Trainyard pipeline."}
+
+*Config:* `{source}` · *owner:* {config.owner} · *backend:* {config.backend or "local (default)"}
+
+| task | what it does |
+|---|---|
+{rows}
+
+* **Data:** `{data.source}` ({data.format}, partitions `{data.partition_key}=YYYY-MM-DD`), {window};
+  {len(data.columns())} feature column(s), label `{data.label.name}` ({len(data.label.classes)} classes);
+  eval split {data.split.eval_fraction:.0%}, {data.shards.train} train / {data.shards.eval} eval shard(s).
+* **Training:** `{training.strategy}`, {training.workers.replicas} worker(s), {training.ps.replicas} PS,
+  model `{training.model.module}`, {training.steps} steps of batch {training.batch_size}.
+* **Run folder:** `runs/{config.name}/<run_key>/` on the shared volume.
+
+Trigger with parameters to override steps, learning rate, batch size, replicas or the data window for one run.
+"""
+
+
+def build_dag(config: PipelineConfig, source: str = "") -> DAG:
+    """One DAG for one validated config."""
+    start = dt.datetime.combine(config.start_date, dt.time(), tzinfo=dt.UTC)
+    with DAG(
+        dag_id=config.name,
+        description=(config.description or f"Trainyard pipeline {config.name}")[:200],
+        schedule=config.schedule,
+        start_date=start,
+        catchup=config.catchup,
+        max_active_runs=config.max_active_runs,
+        tags=sorted({"trainyard", *config.tags}),
+        params=build_params(config),
+        doc_md=render_doc(config, source),
+        default_args={
+            "owner": config.owner,
+            "retries": config.retries,
+            "retry_delay": dt.timedelta(seconds=15),
+        },
+    ) as dag:
+        previous = None
+        for task_id, stage, what in STAGES:
+            task = StageOperator(task_id=task_id, config=config, stage=stage, doc_md=what)
+            if previous is not None:
+                previous >> task
+            previous = task
+    return dag
+
+
+def dag_from_file(path: Path) -> DAG:
+    return build_dag(load_pipeline_file(path), display_path(path))
+
+
+def dag_from_config(name: str, folder: Path | None = None) -> DAG:
+    """The DAG of pipeline `name` from the pipelines folder (`TRAINYARD_PIPELINES_DIR` or `pipelines_config/`)."""
+    return dag_from_file(find_pipeline_file(folder or pipelines_dir(), name))

@@ -1,0 +1,71 @@
+"""The Airflow operator that runs one stage's pod(s) on the configured backend."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from trainyard.params import apply_overrides
+from trainyard.schema import PipelineConfig
+from trainyard.settings import backend_name
+from trainyard.stages import RunContext
+
+XCOM_LIMIT_BYTES = 64 * 1024
+
+
+def run_context(context: Any, pipeline: str) -> RunContext:
+    """The stage-relevant facts of the current Airflow run (data interval; run_after for manual runs)."""
+    dag_run = context["dag_run"]
+    end = context.get("data_interval_end") or getattr(dag_run, "run_after", None)
+    start = context.get("data_interval_start")
+    return RunContext(
+        pipeline=pipeline,
+        run_id=dag_run.run_id,
+        data_interval_start=start if isinstance(start, dt.datetime) else None,
+        data_interval_end=end if isinstance(end, dt.datetime) else None,
+    )
+
+
+class StageOperator(BaseOperator):
+    """Builds the stage's pod spec from the config and this run, and launches it through the backend.
+
+    Returns the stage's small JSON result (counts, paths, metrics) as XCom; data never travels through XCom.
+    """
+
+    ui_color = "#d6eaf8"
+
+    def __init__(self, *, config: PipelineConfig, stage: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.config = config
+        self.stage = stage
+        self._launcher: Any = None
+
+    def execute(self, context: Any) -> dict[str, Any] | None:
+        from trainyard.backends import launcher_for
+        from trainyard.podspec import build_stage_pod
+        from trainyard.stages import stage_container
+
+        config = apply_overrides(self.config, context["params"])
+        run = run_context(context, config.name)
+        pod = build_stage_pod(config, run, stage_container(config, run, self.stage))
+        self._launcher = launcher_for(backend_name(config.backend))
+        from trainyard.backends.base import StageFailed
+
+        try:
+            result = self._launcher.run_pod(pod, self.log)
+        except StageFailed as exc:
+            if not exc.retryable:
+                hint = "(bad input: not retried; fix the data or config and re-run)"
+                raise AirflowFailException(f"{exc}\n{hint}") from exc
+            raise
+        if result is not None and len(json.dumps(result)) > XCOM_LIMIT_BYTES:
+            raise ValueError(f"stage {self.stage!r} returned more than {XCOM_LIMIT_BYTES} bytes of XCom")
+        return result
+
+    def on_kill(self) -> None:
+        if self._launcher is not None:
+            self._launcher.kill()

@@ -1,0 +1,313 @@
+"""The pipeline config schema: one frozen, strict pydantic model per section of `pipelines_config/*.yaml`.
+
+Everything a stage needs to know comes from here, so scheduling facts (pools, GPU tiers, resources) live in the
+config and not in code. Unknown keys are errors (`extra="forbid"`), so a typo never silently falls back to a
+default. This module imports only pydantic: the stage images import it too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
+PIPELINE_NAME = r"^[a-z][a-z0-9_-]{0,50}$"
+K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$"
+SCHEDULE_PRESETS = {"@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly"}
+
+Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER)]
+K8sName = Annotated[str, StringConstraints(pattern=K8S_NAME, max_length=63)]
+Quantity = Annotated[str, StringConstraints(pattern=QUANTITY)]
+ImageRef = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:@-]*$", max_length=255)]
+
+
+# A model validator that blames one sub-field starts its message with "@sub.field: "; the loader moves the error
+# there, so it reads `training.workers.replicas: ...` at that line instead of `training: ...`.
+
+
+class Strict(BaseModel):
+    """Base of every config section: unknown keys are errors and loaded configs cannot be mutated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def check_volume_path(value: str) -> str:
+    """A path inside the shared volume: relative, no `..`, no empty parts."""
+    if not value or value.startswith("/") or re.match(r"^[A-Za-z]:", value):
+        raise ValueError(f"must be a path relative to the shared volume root, not absolute (got {value!r})")
+    parts = value.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise ValueError(f"must stay inside the shared volume: '..' is not allowed (got {value!r})")
+    if any(part in ("", ".") for part in parts):
+        raise ValueError(f"must be a clean relative path without empty or '.' parts (got {value!r})")
+    return value
+
+
+class Resources(Strict):
+    """Kubernetes requests (and optional limits); `gpu` is a count of `nvidia.com/gpu`."""
+
+    cpu: Quantity = "500m"
+    memory: Quantity = "1Gi"
+    cpu_limit: Quantity | None = None
+    memory_limit: Quantity | None = None
+    gpu: int = Field(0, ge=0, le=16)
+
+
+class Feature(Strict):
+    """One input column. With `count: N` the name holds `{i}` and expands to N columns (pixel_{i} -> pixel_0..)."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_{}]*$")
+    dtype: Literal["float", "int", "string"] = "float"
+    min: float | None = None
+    max: float | None = None
+    allowed: list[str | int] | None = Field(None, min_length=1)
+    nullable: bool = False
+    count: int | None = Field(None, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _check(self) -> Feature:
+        if self.count is None and "{i}" in self.name:
+            raise ValueError("a name with '{i}' needs 'count' (how many columns it expands to)")
+        if self.count is not None and "{i}" not in self.name:
+            raise ValueError("'count' needs a name containing '{i}', e.g. 'pixel_{i}'")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is greater than max ({self.max})")
+        if self.dtype == "string" and (self.min is not None or self.max is not None):
+            raise ValueError("min/max apply to numeric features; use 'allowed' for strings")
+        return self
+
+    def expand(self) -> list[Feature]:
+        """The concrete columns this entry stands for."""
+        if self.count is None:
+            return [self]
+        return [
+            self.model_copy(update={"name": self.name.replace("{i}", str(i)), "count": None})
+            for i in range(self.count)
+        ]
+
+
+class Label(Strict):
+    """The target column. `classes` lists the allowed labels of a classification task."""
+
+    name: Identifier
+    dtype: Literal["int", "string"] = "int"
+    classes: list[int | str] = Field(min_length=2)
+
+
+class Window(Strict):
+    """Which partitions a run reads: the `days` before its data interval end. No window: every partition."""
+
+    days: int = Field(ge=1, le=3650)
+
+
+class Split(Strict):
+    """Deterministic train/eval split by a hash of each row's content (stable across re-runs and re-orderings)."""
+
+    eval_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = Field(42, ge=0)
+
+
+class Shards(Strict):
+    train: int = Field(4, ge=1, le=4096)
+    eval: int = Field(1, ge=1, le=4096)
+
+
+class Expectations(Strict):
+    """Table-level expectations; column-level ones come from `features` (types, ranges, allowed values, nulls)."""
+
+    min_rows: int = Field(1, ge=1)
+    max_rows: int | None = Field(None, ge=1)
+
+
+class DataConfig(Strict):
+    source: str = Field(description="folder on the shared volume holding `<partition_key>=YYYY-MM-DD/` partitions")
+    format: Literal["csv"] = "csv"
+    partition_key: Identifier = "date"
+    window: Window | None = None
+    label: Label
+    features: list[Feature] = Field(min_length=1)
+    expectations: Expectations = Expectations()
+    split: Split = Split()
+    shards: Shards = Shards()
+
+    _check_source = field_validator("source")(classmethod(lambda cls, v: check_volume_path(v)))
+
+    @model_validator(mode="after")
+    def _unique_columns(self) -> DataConfig:
+        seen: set[str] = {self.label.name}
+        for feature in self.columns():
+            if feature.name in seen:
+                raise ValueError(f"column {feature.name!r} is defined twice (features and label must be distinct)")
+            seen.add(feature.name)
+        return self
+
+    def columns(self) -> list[Feature]:
+        """Every feature column, with `count` entries expanded."""
+        return [column for feature in self.features for column in feature.expand()]
+
+
+class StageImage(Strict):
+    image: ImageRef
+    resources: Resources = Resources()
+
+
+class PrepConfig(Strict):
+    image: ImageRef = "trainyard/prep:0.1.0"
+    resources: Resources = Resources(cpu="1", memory="2Gi")
+    chunk_rows: int = Field(50_000, ge=100, le=5_000_000)
+
+
+class ReplicaSet(Strict):
+    replicas: int = Field(1, ge=0, le=64)
+    max_replicas: int | None = Field(None, ge=1, le=64, description="upper bound a UI trigger may ask for")
+    resources: Resources = Resources()
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ReplicaSet:
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) is below replicas ({self.replicas})")
+        return self
+
+    @property
+    def upper_bound(self) -> int:
+        return self.max_replicas if self.max_replicas is not None else self.replicas
+
+
+class ModelSpec(Strict):
+    module: str = Field("trainyard_trainer.models.mlp", pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+    params: dict[str, Any] = {}
+
+
+class TrainingConfig(Strict):
+    strategy: Literal["parameter_server", "multi_worker_mirrored", "single"] = "parameter_server"
+    image: ImageRef = "trainyard/trainer:0.1.0"
+    model: ModelSpec = ModelSpec()
+    chief: Resources = Resources(cpu="1", memory="2Gi")
+    ps: ReplicaSet = ReplicaSet(replicas=1, resources=Resources(cpu="1", memory="2Gi"))
+    workers: ReplicaSet = ReplicaSet(replicas=2, resources=Resources(cpu="2", memory="4Gi", gpu=1))
+    priority: Literal["high", "low"] = "low"
+    gpu_tier: str | None = None
+    steps: int = Field(500, ge=1, le=10_000_000)
+    batch_size: int = Field(64, ge=1, le=1_000_000)
+    learning_rate: float = Field(0.01, gt=0, le=10)
+    checkpoint_every_steps: int = Field(100, ge=1)
+    restart_budget: int = Field(3, ge=0, le=100)
+    port: int = Field(2222, ge=1024, le=65535)
+
+    @model_validator(mode="after")
+    def _replicas_fit_strategy(self) -> TrainingConfig:
+        if self.strategy == "parameter_server":
+            for role, replicas in (("ps", self.ps.replicas), ("workers", self.workers.replicas)):
+                if replicas < 1:
+                    raise ValueError(f"@{role}.replicas: must be ≥ 1 for parameter_server training (got {replicas})")
+        if self.strategy == "multi_worker_mirrored" and self.ps.replicas:
+            raise ValueError(f"@ps.replicas: multi_worker_mirrored uses no parameter servers: set 0 "
+                             f"(got {self.ps.replicas})")
+        if self.strategy == "single":
+            for role, replicas in (("ps", self.ps.replicas), ("workers", self.workers.replicas)):
+                if replicas:
+                    raise ValueError(f"@{role}.replicas: single training runs on the chief alone: set 0 "
+                                     f"(got {replicas})")
+        return self
+
+
+class Threshold(Strict):
+    min: float | None = None
+    max: float | None = None
+
+
+class ChangeThreshold(Strict):
+    metric: str
+    min_delta: float = 0.0
+
+
+class EvaluationConfig(Strict):
+    image: ImageRef = "trainyard/trainer:0.1.0"
+    metrics: list[Literal["accuracy", "loss", "auc", "precision", "recall"]] = ["accuracy", "loss"]
+    thresholds: dict[str, Threshold] = {}
+    change_threshold: ChangeThreshold | None = None
+
+
+class DeployConfig(Strict):
+    model_name: K8sName | None = None
+    image: ImageRef = "tensorflow/serving:2.19.0"
+    replicas: int = Field(1, ge=1, le=100)
+    resources: Resources = Resources(cpu="1", memory="2Gi")
+    node_selector: dict[str, str] = {}
+
+
+class GpuTier(Strict):
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, str]] = []
+    priority_class: K8sName | None = None
+
+
+class VolumeConfig(Strict):
+    claim: K8sName = "trainyard-data"
+    mount_path: str = Field("/data", pattern=r"^/[A-Za-z0-9._/-]*$")
+
+
+class SecretRef(Strict):
+    """An environment variable filled from a Kubernetes Secret key: only the reference is in the config."""
+
+    env: Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]*$")]
+    secret: K8sName
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class NodePools(Strict):
+    cpu: dict[str, str] = {}
+    gpu: dict[str, str] = {}
+
+
+class KubernetesConfig(Strict):
+    namespace: K8sName = "trainyard"
+    volume: VolumeConfig = VolumeConfig()
+    service_account: K8sName = "trainyard-runner"
+    node_pools: NodePools = NodePools()
+    gpu_tiers: dict[str, GpuTier] = {}
+    tier_by_priority: dict[Literal["high", "low"], str] = {}
+    image_pull_secrets: list[K8sName] = []
+    secrets: list[SecretRef] = []
+
+
+class PipelineConfig(Strict):
+    """One pipeline = one DAG. `name` is the DAG id and must match the file name."""
+
+    name: str = Field(pattern=PIPELINE_NAME)
+    description: str = ""
+    owner: str = "trainyard"
+    tags: list[str] = []
+    schedule: str | None = None
+    start_date: dt.date = dt.date(2026, 1, 1)
+    catchup: bool = False
+    max_active_runs: int = Field(1, ge=1, le=64)
+    retries: int = Field(1, ge=0, le=20)
+    backend: Literal["local", "kubernetes"] | None = None
+    data: DataConfig
+    prep: PrepConfig = PrepConfig()
+    training: TrainingConfig = TrainingConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    deploy: DeployConfig = DeployConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str | None) -> str | None:
+        if value is None or value in SCHEDULE_PRESETS:
+            return value
+        fields = value.split()
+        if len(fields) != 5 or not all(re.match(r"^[0-9*/,\-A-Za-z?LW#]+$", f) for f in fields):
+            raise ValueError(
+                f"must be a 5-field cron expression, one of {sorted(SCHEDULE_PRESETS)}, or null (got {value!r})"
+            )
+        return value
+
+    @property
+    def model_name(self) -> str:
+        """The served model's name: `deploy.model_name`, else the pipeline name as a DNS label."""
+        return self.deploy.model_name or self.name.replace("_", "-")

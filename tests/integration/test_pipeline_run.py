@@ -1,0 +1,67 @@
+"""`trainyard run` drives the real DAG through Airflow (dag.test) on the local backend, stage by stage."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainyard_prep.example_data import write_digits
+
+pytestmark = pytest.mark.integration
+
+
+def trainyard(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainyard.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+
+
+def run_folder(output: str) -> Path:
+    line = next(line for line in output.splitlines() if "run folder:" in line)
+    return Path(line.split("run folder:", 1)[1].strip())
+
+
+def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Path) -> None:
+    # five daily partitions ending yesterday; the run's data interval ends now, so a 4-day window
+    # ([now - 4 days, now)) holds exactly the last three partitions (1,077 rows, above min_rows: 1000)
+    write_digits(data_dir / "datasets" / "digits", days=5)
+    done = trainyard("run", "digits", "--conf", '{"window_days": 4}')
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "finished: success" in done.stdout
+    run_dir = run_folder(done.stdout)
+    assert run_dir.parent == data_dir / "runs" / "digits"
+    yesterday = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)
+    manifest = json.loads((run_dir / "inputs" / "manifest.json").read_text())
+    assert manifest["window_days"] == 4
+    assert manifest["partitions"] == [(yesterday - dt.timedelta(days=d)).isoformat() for d in (2, 1, 0)]
+    validation = json.loads((run_dir / "validation" / "results.json").read_text())
+    prepared = json.loads((run_dir / "prepared" / "manifest.json").read_text())
+    assert validation["success"] and validation["rows"] == prepared["rows"]["train"] + prepared["rows"]["eval"]
+    assert validation["rows"] == 1077
+    assert prepared["inputs"]["files"] == 3 and len(prepared["shards"]) == 5
+
+
+def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path, data_dir: Path) -> None:
+    write_digits(data_dir / "datasets" / "digits", days=2)
+    bad = sorted((data_dir / "datasets" / "digits").glob("date=*/part-0.csv"))[0]
+    bad.write_text(bad.read_text().replace("\n0.0,", "\nzero,", 1))
+    done = trainyard("run", "digits")
+    assert done.returncode == 1
+    assert "finished: failed" in done.stdout
+    log = done.stdout + done.stderr
+    assert "pixel_0: wrong type" in log and "not retried" in log
+    run_dir = run_folder(done.stdout)
+    assert (run_dir / "validation" / "results.json").is_file()
+    assert not (run_dir / "prepared").exists()
+
+
+def test_run_usage_errors(pipelines_dir: Path, data_dir: Path) -> None:
+    assert trainyard("run", "digits", "--conf", "{not json").returncode == 2
+    assert trainyard("run", "digits", "--conf", '{"stepz": 3}').returncode == 2
+    missing = trainyard("run", "digitz")
+    assert missing.returncode == 1 and "did you mean 'digits'?" in missing.stderr

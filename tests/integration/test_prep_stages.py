@@ -1,0 +1,178 @@
+"""validate_data and prepare_data on real files: pinning, Great Expectations, TFRecord, and every bad input."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from trainyard.config_loader import load_pipeline_file
+from trainyard.schema import PipelineConfig
+from trainyard.stages import CONFIG_ENV
+from trainyard_prep.common import StageError
+from trainyard_prep.example_data import write_digits
+from trainyard_prep.inputs import pin_inputs
+from trainyard_prep.prepare import prepare
+from trainyard_prep.validate import validate_inputs
+
+pytestmark = pytest.mark.integration
+END = dt.date(2026, 11, 30)
+
+
+@pytest.fixture
+def digits(pipelines_dir: Path, data_dir: Path) -> tuple[PipelineConfig, Path]:
+    write_digits(data_dir / "datasets" / "digits", days=3, end=END)
+    return load_pipeline_file(pipelines_dir / "digits.yaml"), data_dir
+
+
+def run_validate(config: PipelineConfig, volume: Path, run: str = "r1") -> dict:
+    run_dir = volume / "runs" / config.name / run
+    manifest = pin_inputs(volume, run_dir, config.data, None)
+    return validate_inputs(volume, run_dir, run, config, manifest)
+
+
+def first_file(volume: Path) -> Path:
+    return sorted((volume / "datasets" / "digits").glob("date=*/part-0.csv"))[0]
+
+
+def test_validate_then_prepare_writes_the_run_folder(digits: tuple[PipelineConfig, Path]) -> None:
+    config, volume = digits
+    summary = run_validate(config, volume)
+    run_dir = volume / "runs" / "digits" / "r1"
+    assert summary["success"] and summary["rows"] == 1797
+    # inputs are pinned by hardlink (same inode, no bytes copied) and hashed
+    manifest = json.loads((run_dir / "inputs" / "manifest.json").read_text())
+    assert len(manifest["files"]) == 3 and {f["pinned_by"] for f in manifest["files"]} == {"hardlink"}
+    entry = manifest["files"][0]
+    assert os.stat(volume / entry["source"]).st_ino == os.stat(run_dir / entry["snapshot"]).st_ino
+    # Data Docs exist and load nothing from the network
+    docs = run_dir / "validation" / "data_docs"
+    pages = list(docs.rglob("*.html"))
+    assert (docs / "index.html").is_file() and len(pages) >= 4
+    for page in pages:
+        html = page.read_text()
+        assert 'src="http' not in html and 'rel="stylesheet" href="http' not in html
+    assert "trainyard-vendor/bootstrap.min.css" in (docs / "index.html").read_text()
+
+    out = prepare(run_dir, config, manifest)
+    prepared = run_dir / "prepared"
+    assert out["rows"]["train"] + out["rows"]["eval"] == 1797
+    assert 0.15 < out["rows"]["eval"] / 1797 < 0.25
+    schema = json.loads((prepared / "schema.json").read_text())
+    assert len(schema["features"]) == 64 and schema["label"]["classes"] == list(range(10))
+    stats = json.loads((prepared / "stats.json").read_text())
+    assert stats["features"]["pixel_0"]["max"] == 0.0 and stats["features"]["pixel_10"]["max"] == 16.0
+    spec = {f["name"]: tf.io.FixedLenFeature([], tf.float32) for f in schema["features"]}
+    spec["digit"] = tf.io.FixedLenFeature([], tf.int64)
+    files = sorted(str(p) for p in (prepared / "train").glob("*.tfrecord"))
+    assert len(files) == 4
+    rows = sum(1 for _ in tf.data.TFRecordDataset(files))
+    assert rows == out["rows"]["train"]
+    batch = next(iter(tf.data.TFRecordDataset(files).batch(2000).map(lambda r: tf.io.parse_example(r, spec))))
+    assert set(batch["digit"].numpy().tolist()) == set(range(10))
+    # deterministic: a second prepare (a retry) produces byte-identical shards, and replaces the folder atomically
+    again = prepare(run_dir, config, manifest)
+    assert [s["sha256"] for s in again["shards"]] == [s["sha256"] for s in out["shards"]]
+    assert not [p for p in (run_dir).iterdir() if p.name.startswith(".")]  # no temp folders left behind
+
+
+def test_a_run_keeps_its_pinned_inputs_when_new_partitions_land(digits: tuple[PipelineConfig, Path]) -> None:
+    config, volume = digits
+    run_dir = volume / "runs" / "digits" / "r1"
+    first = pin_inputs(volume, run_dir, config.data, None)
+    write_digits(volume / "datasets" / "digits", days=1, end=END + dt.timedelta(days=1))
+    assert pin_inputs(volume, run_dir, config.data, None) == first
+    later = pin_inputs(volume, volume / "runs" / "digits" / "r2", config.data, None)
+    assert len(later["files"]) == len(first["files"]) + 1
+
+
+def corrupt(path: Path, how: str) -> None:
+    lines = path.read_text().splitlines()
+    if how == "missing column":
+        header = lines[0].split(",")
+        keep = [i for i, name in enumerate(header) if name != "pixel_5"]
+        lines = [",".join(line.split(",")[i] for i in keep) for line in lines]
+    elif how == "wrong type":
+        cells = lines[3].split(",")
+        cells[10] = "bright"
+        lines[3] = ",".join(cells)
+    elif how == "nan":
+        cells = lines[5].split(",")
+        cells[20] = "NaN"
+        lines[5] = ",".join(cells)
+    elif how == "truncated":
+        lines[-1] = lines[-1][: len(lines[-1]) // 2].rstrip(",")
+    elif how == "out of range":
+        cells = lines[2].split(",")
+        cells[7] = "99"
+        lines[2] = ",".join(cells)
+    path.write_text("\n".join(lines) + ("" if how == "truncated" else "\n"))
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [
+        ("missing column", "pixel_5: column is missing"),
+        ("wrong type", "pixel_10: wrong type"),
+        ("nan", "pixel_20: 1 empty/NaN value(s), at line(s) 6"),
+        ("out of range", "pixel_7: 1 value(s) fail expect_column_values_to_be_between, e.g. [99"),
+        ("truncated", "line 600 is truncated: only 33 of 65 fields have values"),
+    ],
+)
+def test_bad_data_fails_with_the_file_and_problem(digits: tuple[PipelineConfig, Path], how: str, expected: str) -> None:
+    config, volume = digits
+    bad = first_file(volume)
+    corrupt(bad, how)
+    with pytest.raises(StageError) as info:
+        run_validate(config, volume)
+    message = str(info.value)
+    rel = str(bad.relative_to(volume))
+    assert f"{rel}: {expected}" in message, message
+    results = json.loads((volume / "runs/digits/r1/validation/results.json").read_text())
+    assert results["success"] is False
+
+
+def test_empty_file_is_named(digits: tuple[PipelineConfig, Path]) -> None:
+    config, volume = digits
+    bad = first_file(volume)
+    bad.write_text("")
+    with pytest.raises(StageError, match=f"{bad.relative_to(volume)}: part-0.csv: file is empty"):
+        run_validate(config, volume)
+
+
+def test_no_partitions_in_the_window(digits: tuple[PipelineConfig, Path]) -> None:
+    config, volume = digits
+    run_dir = volume / "runs" / "digits" / "r1"
+    expected = r"no partitions of datasets/digits in the run's window .* 3 partition\(s\) exist"
+    with pytest.raises(StageError, match=expected):
+        pin_inputs(volume, run_dir, config.data, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    assert not (run_dir / "inputs").exists()
+
+
+def test_too_few_rows_is_a_table_level_failure(digits: tuple[PipelineConfig, Path]) -> None:
+    config, volume = digits
+    strict = config.model_copy(update={"data": config.data.model_copy(
+        update={"expectations": config.data.expectations.model_copy(update={"min_rows": 5000})})})
+    with pytest.raises(StageError, match="1797 row\\(s\\) in total, fewer than data.expectations.min_rows=5000"):
+        run_validate(strict, volume)
+
+
+def test_entrypoint_exit_codes(digits: tuple[PipelineConfig, Path], tmp_path: Path) -> None:
+    config, volume = digits
+    corrupt(first_file(volume), "nan")
+    env = {**os.environ, CONFIG_ENV: config.model_dump_json(), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    xcom = tmp_path / "return.json"
+    args = [sys.executable, "-m", "trainyard_prep", "validate", "--volume", str(volume),
+            "--run-dir", str(volume / "runs/digits/r9"), "--run-id", "r9", "--xcom", str(xcom)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "data validation failed" in done.stderr and not xcom.exists()
+    usage = subprocess.run([sys.executable, "-m", "trainyard_prep", "validate"], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert usage.returncode == 2

@@ -1,0 +1,155 @@
+"""The config schema and its error lines: FILE:LINE:COL: dotted.field: message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from trainyard.cli import main as cli
+from trainyard.config_loader import ConfigError, check_folder, load_pipeline_file, pipeline_files
+from trainyard.schema import PipelineConfig
+
+MINIMAL = """\
+name: {name}
+data:
+  source: datasets/x
+  label: {{name: y, classes: [0, 1]}}
+  features:
+    - {{name: a, min: 0, max: 1}}
+"""
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def errors_of(path: Path) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_pipeline_file(path)
+    return info.value.lines
+
+
+def test_example_pipelines_are_valid(pipelines_dir: Path) -> None:
+    configs, errors = check_folder(pipeline_files(pipelines_dir))
+    assert errors == []
+    digits = next(c for c in configs if c.name == "digits")
+    assert len(digits.data.columns()) == 64
+    assert digits.data.columns()[63].name == "pixel_63"
+    assert digits.kubernetes.namespace == "trainyard"  # from _defaults.yaml
+    assert digits.kubernetes.gpu_tiers["newest"].priority_class == "trainyard-high"
+
+
+def test_config_is_frozen(pipelines_dir: Path) -> None:
+    config = load_pipeline_file(pipelines_dir / "digits.yaml")
+    with pytest.raises(ValidationError, match="frozen"):
+        config.training.steps = 5  # type: ignore[misc]
+
+
+def test_value_error_names_file_line_column_and_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.yaml", MINIMAL.format(name="p") + "training:\n  workers:\n    replicas: 0\n")
+    assert errors_of(path) == [
+        f"{path}:9:15: training.workers.replicas: must be ≥ 1 for parameter_server training (got 0)"
+    ]
+    path = write(tmp_path, "q.yaml", MINIMAL.format(name="q") + "training:\n  steps: 0\n")
+    assert errors_of(path) == [f"{path}:8:10: training.steps: must be ≥ 1 (got 0)"]
+
+
+def test_unknown_key_suggests_the_close_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.yaml", MINIMAL.format(name="p") + "training:\n  batchsize: 32\n")
+    assert errors_of(path) == [f"{path}:8:3: training.batchsize: unknown field; did you mean 'batch_size'?"]
+
+
+def test_nested_unknown_key_in_a_list_item(tmp_path: Path) -> None:
+    text = MINIMAL.format(name="p").replace("{name: a, min: 0, max: 1}", "{name: a, minimum: 0}")
+    path = write(tmp_path, "p.yaml", text)
+    assert errors_of(path) == [f"{path}:6:17: data.features.0.minimum: unknown field; did you mean 'min'?"]
+
+
+def test_missing_required_field_points_at_the_parent(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.yaml", "name: p\ndata:\n  source: datasets/x\n  features: [{name: a}]\n")
+    assert errors_of(path) == [f"{path}:2:1: data.label: required field is missing"]
+
+
+def test_yaml_syntax_error_uses_the_parser_mark(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.yaml", "name: p\ndata: [unclosed\n")
+    (line,) = errors_of(path)
+    assert line.startswith(f"{path}:3:1: YAML syntax error")
+
+
+def test_duplicate_keys_are_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.yaml", MINIMAL.format(name="p") + "name: p\n")
+    assert errors_of(path) == [f"{path}:7:1: name: duplicate key (first defined at line 1)"]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("/etc/passwd", "must be a path relative to the shared volume root"),
+        ("datasets/../../secrets", "'..' is not allowed"),
+    ],
+)
+def test_paths_must_stay_inside_the_volume(tmp_path: Path, source: str, message: str) -> None:
+    path = write(tmp_path, "p.yaml", MINIMAL.format(name="p").replace("datasets/x", source))
+    (line,) = errors_of(path)
+    assert line.startswith(f"{path}:3:11: data.source: ") and message in line
+
+
+def test_name_must_match_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.yaml", MINIMAL.format(name="other"))
+    assert errors_of(path) == [f"{path}:1:7: name: 'other' must match the file name 'p' (one file, one DAG id)"]
+
+
+def test_two_configs_with_the_same_name_are_an_error(tmp_path: Path) -> None:
+    write(tmp_path, "p.yaml", MINIMAL.format(name="p"))
+    write(tmp_path, "p.yml", MINIMAL.format(name="p"))
+    configs, errors = check_folder(pipeline_files(tmp_path))
+    assert [c.name for c in configs] == ["p"]
+    assert errors == [f"{tmp_path / 'p.yml'}:1:1: name: pipeline 'p' is defined twice "
+                      f"(also {tmp_path / 'p.yaml'}); DAG ids must be unique"]
+
+
+def test_error_in_a_default_points_at_the_defaults_file(tmp_path: Path) -> None:
+    write(tmp_path, "_defaults.yaml", "kubernetes:\n  namespace: Not_A_DNS_Name\n")
+    path = write(tmp_path, "p.yaml", MINIMAL.format(name="p"))
+    (line,) = errors_of(path)
+    assert line.startswith(f"{tmp_path / '_defaults.yaml'}:2:14: kubernetes.namespace: ")
+
+
+def test_pipeline_values_override_defaults(tmp_path: Path) -> None:
+    write(tmp_path, "_defaults.yaml", "kubernetes:\n  namespace: team-a\n  service_account: runner\n")
+    path = write(tmp_path, "p.yaml", MINIMAL.format(name="p") + "kubernetes:\n  namespace: team-b\n")
+    config = load_pipeline_file(path)
+    assert (config.kubernetes.namespace, config.kubernetes.service_account) == ("team-b", "runner")
+
+
+def test_schedule_must_be_cron_preset_or_null() -> None:
+    base = PipelineConfig.model_validate(
+        {"name": "p", "data": {"source": "d", "label": {"name": "y", "classes": [0, 1]}, "features": [{"name": "a"}]}}
+    ).model_dump()
+    for good in (None, "@daily", "0 3 * * 1-5"):
+        PipelineConfig.model_validate({**base, "schedule": good})
+    with pytest.raises(Exception, match="5-field cron"):
+        PipelineConfig.model_validate({**base, "schedule": "every day"})
+
+
+def test_feature_count_expands_and_duplicates_are_refused(tmp_path: Path) -> None:
+    features = "- {name: 'a_{i}', count: 3}\n    - {name: a_1}"
+    text = MINIMAL.format(name="p").replace("- {name: a, min: 0, max: 1}", features)
+    (line,) = errors_of(write(tmp_path, "p.yaml", text))
+    assert "data: column 'a_1' is defined twice" in line
+
+
+def test_check_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = write(tmp_path, "good.yaml", MINIMAL.format(name="good"))
+    bad = write(tmp_path, "bad.yaml", MINIMAL.format(name="bad") + "retries: -1\n")
+    assert cli(["check", str(good)]) == 0
+    assert "ok  good" in capsys.readouterr().out
+    assert cli(["check", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:7:10: retries: must be ≥ 0 (got -1)" in err
+    assert cli(["check", str(tmp_path / "nope.yaml")]) == 2
+    assert cli(["check", "--bogus-flag"]) == 2

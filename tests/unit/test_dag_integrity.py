@@ -1,0 +1,76 @@
+"""The dags folder: every config is one DAG, nothing heavy is imported at parse time, bad configs stay isolated."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from airflow.dag_processing.dagbag import DagBag
+
+from trainyard.config_loader import pipeline_files
+
+REPO = Path(__file__).resolve().parents[2]
+HEAVY = ("tensorflow", "great_expectations", "pandas", "numpy", "keras", "kubernetes", "sklearn")
+
+PARSE_IN_FRESH_PROCESS = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sorted(bag.dag_ids),
+                  "heavy": [m for m in sys.argv[2:] if m in sys.modules]}))
+"""
+
+
+def test_parsing_the_dags_folder_imports_nothing_heavy() -> None:
+    out = subprocess.run([sys.executable, "-c", PARSE_IN_FRESH_PROCESS, str(REPO / "dags"), *HEAVY],
+                         capture_output=True, text=True, check=True, cwd=REPO)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["errors"] == {}
+    assert report["dags"] == sorted(p.stem for p in pipeline_files(REPO / "pipelines_config"))
+    assert report["heavy"] == []
+
+
+def test_every_config_has_a_shim_and_every_shim_a_config() -> None:
+    configs = {p.stem for p in pipeline_files(REPO / "pipelines_config")}
+    shims = {p.stem for p in (REPO / "dags").glob("*.py") if not p.name.startswith("_")}
+    assert configs == shims
+    for name in shims:
+        text = (REPO / "dags" / f"{name}.py").read_text()
+        assert f'dag_from_config("{name}")' in text
+        assert "airflow" in text.lower() and "dag" in text.lower()  # Airflow's safe-mode parse heuristics
+
+
+def test_dag_carries_params_docs_tags_owner(pipelines_dir: Path) -> None:
+    from trainyard.dag_factory import dag_from_config
+
+    dag = dag_from_config("digits")
+    assert dag.dag_id == "digits"
+    assert [t.task_id for t in dag.tasks] == ["validate_data", "prepare_data"]
+    assert dag.get_task("prepare_data").upstream_task_ids == {"validate_data"}
+    assert {"trainyard", "example", "vision"} <= set(dag.tags)
+    assert dag.default_args["owner"] == "ml-platform" and dag.default_args["retries"] == 1
+    assert {"steps", "learning_rate", "batch_size", "workers", "ps", "window_days", "force_deploy"} <= set(dag.params)
+    assert "datasets/digits" in dag.doc_md and "validate_data" in dag.doc_md
+
+
+def test_a_bad_config_is_an_import_error_for_its_own_dag_only(
+    pipelines_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = pipelines_dir / "broken.yaml"
+    bad.write_text((pipelines_dir / "digits.yaml").read_text().replace("name: digits", "name: broken")
+                   .replace("steps: 300", "steps: -5"))
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    for name in ("digits", "broken"):
+        (dags / f"{name}.py").write_text(
+            f'"""airflow dag shim"""\nfrom trainyard.dag_factory import dag_from_config\n'
+            f'dag = dag_from_config("{name}")\n'
+        )
+    bag = DagBag(dag_folder=str(dags))
+    assert sorted(bag.dag_ids) == ["digits"]
+    (error,) = bag.import_errors.values()
+    line = next(n for n, text in enumerate(bad.read_text().splitlines(), 1) if "steps: -5" in text)
+    assert f"broken.yaml:{line}:10: training.steps: must be ≥ 1 (got -5)" in error

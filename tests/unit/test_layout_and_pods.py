@@ -1,0 +1,103 @@
+"""Run folder names, pod specs (pure V1Pod objects) and the image -> local command mapping."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainyard.config_loader import load_pipeline_file
+from trainyard.images import image_repository, local_command
+from trainyard.layout import RunLayout, run_key
+from trainyard.podspec import build_stage_pod, dns_label, label_value
+from trainyard.stages import RunContext, stage_container
+
+RUN = RunContext(pipeline="digits", run_id="manual__2026-12-02T10:00:00+00:00",
+                 data_interval_end=dt.datetime(2026, 12, 2, 10, tzinfo=dt.UTC))
+
+
+def test_run_key_is_folder_safe_and_unique() -> None:
+    assert run_key("scheduled__2026-12-01") == "scheduled__2026-12-01"
+    a, b = run_key("manual__2026-12-02T10:00:00+00:00"), run_key("manual__2026-12-02T10-00-00-00-00")
+    assert a != b and all(ch.isalnum() or ch in "._-" for ch in a)
+    assert run_key("a:b") != run_key("a+b")
+    with pytest.raises(ValueError):
+        run_key("")
+
+
+def test_layout_paths() -> None:
+    layout = RunLayout.for_run("/data", "digits", "r1")
+    assert str(layout.stage_dir("prepared")) == "/data/runs/digits/r1/prepared"
+    assert str(layout.models_dir("digits")) == "/data/models/digits"
+    with pytest.raises(ValueError, match="unknown run sub-folder"):
+        layout.stage_dir("elsewhere")
+
+
+def test_label_and_dns_helpers_stay_valid_and_distinct() -> None:
+    long = "x" * 100
+    assert len(label_value(long)) <= 63 and label_value(long) != label_value(long + "y")
+    name = dns_label("Digits_Prepare manual__2026")
+    assert name == name.lower() and len(name) <= 63 and "_" not in name
+
+
+def test_stage_pod_is_restricted_and_carries_identity(pipelines_dir: Path) -> None:
+    config = load_pipeline_file(pipelines_dir / "digits.yaml")
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, "validate"))
+    meta, spec = pod.metadata, pod.spec
+    assert meta.namespace == "trainyard"
+    assert meta.labels["trainyard/pipeline"] == "digits"
+    assert meta.labels["trainyard/stage"] == "validate"
+    assert meta.labels["trainyard/run"] == run_key(RUN.run_id)
+    assert spec.restart_policy == "Never" and spec.node_selector == {"trainyard.io/pool": "cpu"}
+    (container,) = spec.containers
+    assert container.image == "trainyard/prep:0.1.0"
+    assert container.command == ["python", "-m", "trainyard_prep"]
+    run_dir = f"/data/runs/digits/{run_key(RUN.run_id)}"
+    assert container.args[:5] == ["validate", "--volume", "/data", "--run-dir", run_dir]
+    assert "--window-end" in container.args
+    sc = container.security_context
+    assert (sc.run_as_non_root, sc.allow_privilege_escalation, sc.read_only_root_filesystem) == (True, False, True)
+    assert sc.capabilities.drop == ["ALL"] and sc.seccomp_profile.type == "RuntimeDefault"
+    assert container.resources.requests == {"cpu": "1", "memory": "2Gi"}
+    mounts = {m.mount_path: m for m in container.volume_mounts}
+    assert set(mounts) == {"/data", "/tmp", "/airflow/xcom"}
+    claim = next(v for v in spec.volumes if v.persistent_volume_claim)
+    assert claim.persistent_volume_claim.claim_name == "trainyard-data"
+    env = {e.name: e.value for e in container.env}
+    assert '"name":"digits"' in env["TRAINYARD_CONFIG_JSON"]
+
+
+def test_secrets_are_injected_by_reference_only(pipelines_dir: Path) -> None:
+    path = pipelines_dir / "digits.yaml"
+    path.write_text(path.read_text() + "kubernetes:\n  secrets:\n    - {env: DB_PASSWORD, secret: db, key: password}\n")
+    config = load_pipeline_file(path)
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, "prepare"))
+    (secret_env,) = [e for e in pod.spec.containers[0].env if e.name == "DB_PASSWORD"]
+    assert secret_env.value is None
+    assert (secret_env.value_from.secret_key_ref.name, secret_env.value_from.secret_key_ref.key) == ("db", "password")
+
+
+def test_unknown_stage_is_refused(pipelines_dir: Path) -> None:
+    config = load_pipeline_file(pipelines_dir / "digits.yaml")
+    with pytest.raises(ValueError, match="unknown stage 'nope'"):
+        stage_container(config, RUN, "nope")
+
+
+@pytest.mark.parametrize(
+    ("image", "repository"),
+    [("trainyard/prep:0.1.0", "trainyard/prep"), ("registry.local:5000/trainyard/prep:1", "trainyard/prep"),
+     ("trainyard/prep@sha256:abc", "trainyard/prep"), ("localhost/trainyard/prep", "trainyard/prep")],
+)
+def test_image_repository(image: str, repository: str) -> None:
+    assert image_repository(image) == repository
+
+
+def test_local_command_mapping_is_explicit() -> None:
+    assert local_command("trainyard/prep:0.1.0", ["python", "-m", "trainyard_prep"]) == [
+        sys.executable, "-m", "trainyard_prep"]
+    with pytest.raises(ValueError, match="has no local equivalent"):
+        local_command("acme/custom:1", ["python", "-m", "x"])
+    with pytest.raises(ValueError, match="runs \\['python', '-m', 'trainyard_prep'\\] locally"):
+        local_command("trainyard/prep:0.1.0", ["bash", "-c", "rm -rf /"])
