@@ -8,6 +8,7 @@ came from the defaults file points at that file.
 from __future__ import annotations
 
 import difflib
+import os
 import types
 import typing
 from collections.abc import Iterable
@@ -32,11 +33,9 @@ class ConfigError(Exception):
 
 
 def display_path(path: Path) -> str:
-    """A short name for error lines: relative to the working directory when inside it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+    """A short name for error lines: relative to the working directory when inside it (no filesystem calls)."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -126,9 +125,20 @@ def _error_line(error: dict[str, Any], sources: Iterable[SourceDocument], fallba
     return f"{mark}: {dotted}: {_message(error)}"
 
 
+_defaults_cache: dict[tuple[str, int, int], SourceDocument] = {}
+
+
 def load_defaults(folder: Path) -> SourceDocument | None:
+    """The folder's `_defaults.yaml`, parsed once per process and file version (every DAG shim asks for it)."""
     path = folder / DEFAULTS_FILE
-    return load_yaml_file(path, display_path(path)) if path.is_file() else None
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _defaults_cache:
+        _defaults_cache[key] = load_yaml_file(path, display_path(path))
+    return _defaults_cache[key]
 
 
 def validate_document(

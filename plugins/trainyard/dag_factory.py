@@ -12,7 +12,7 @@ from pathlib import Path
 from airflow.sdk import DAG
 
 from trainyard.config_loader import display_path, find_pipeline_file, load_pipeline_file
-from trainyard.operators import StageOperator
+from trainyard.operators import StageOperator, TrainJobOperator
 from trainyard.params import build_params
 from trainyard.schema import PipelineConfig
 from trainyard.settings import pipelines_dir
@@ -20,6 +20,7 @@ from trainyard.settings import pipelines_dir
 STAGES = (
     ("validate_data", "validate", "Great Expectations suite from the config on the run's input partitions."),
     ("prepare_data", "prepare", "Deterministic split into TFRecord shards with schema, stats and manifest."),
+    ("train", "train", "Distributed TensorFlow job (chief + parameter servers + workers); exports the SavedModel."),
 )
 
 
@@ -38,7 +39,7 @@ def render_doc(config: PipelineConfig, source: str) -> str:
 {rows}
 
 * **Data:** `{data.source}` ({data.format}, partitions `{data.partition_key}=YYYY-MM-DD`), {window};
-  {len(data.columns())} feature column(s), label `{data.label.name}` ({len(data.label.classes)} classes);
+  {len(data.column_names())} feature column(s), label `{data.label.name}` ({len(data.label.classes)} classes);
   eval split {data.split.eval_fraction:.0%}, {data.shards.train} train / {data.shards.eval} eval shard(s).
 * **Training:** `{training.strategy}`, {training.workers.replicas} worker(s), {training.ps.replicas} PS,
   model `{training.model.module}`, {training.steps} steps of batch {training.batch_size}.
@@ -69,7 +70,11 @@ def build_dag(config: PipelineConfig, source: str = "") -> DAG:
     ) as dag:
         previous = None
         for task_id, stage, what in STAGES:
-            task = StageOperator(task_id=task_id, config=config, stage=stage, doc_md=what)
+            if stage == "train":
+                task = TrainJobOperator(task_id=task_id, config=config, doc_md=what,
+                                        execution_timeout=dt.timedelta(hours=12))
+            else:
+                task = StageOperator(task_id=task_id, config=config, stage=stage, doc_md=what)
             if previous is not None:
                 previous >> task
             previous = task

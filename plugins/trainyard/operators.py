@@ -69,3 +69,33 @@ class StageOperator(BaseOperator):
     def on_kill(self) -> None:
         if self._launcher is not None:
             self._launcher.kill()
+
+
+class TrainJobOperator(StageOperator):
+    """Launches the whole training job (chief + PS + workers) through the backend; succeeds when the chief does.
+
+    First a one-pod model check (a bad model module or params fails before any replica starts), then the job.
+    A worker lost mid-training is restarted within `training.restart_budget`; a lost PS or chief fails the attempt,
+    and Airflow's retry resumes from the last checkpoint in the run folder.
+    """
+
+    ui_color = "#fdebd0"
+
+    def __init__(self, *, config: PipelineConfig, **kwargs: Any):
+        super().__init__(config=config, stage="train", **kwargs)
+
+    def execute(self, context: Any) -> dict[str, Any] | None:
+        from trainyard.backends import launcher_for
+        from trainyard.backends.base import StageFailed
+        from trainyard.training_job import launch_training
+
+        config = apply_overrides(self.config, context["params"])
+        run = run_context(context, config.name)
+        self._launcher = launcher_for(backend_name(config.backend))
+        try:
+            result = launch_training(config, run, self._launcher, self.log)
+        except StageFailed as exc:
+            if not exc.retryable:
+                raise AirflowFailException(f"{exc}\n(bad config: not retried; fix training.model and re-run)") from exc
+            raise
+        return result

@@ -98,6 +98,8 @@ def build_pod(
     index: int | None = None,
     node_selector: dict[str, str] | None = None,
     read_only_volume: bool = False,
+    hostname: str | None = None,
+    subdomain: str | None = None,
 ) -> k8s.V1Pod:
     """One pod for one container of a stage."""
     volume = config.kubernetes.volume
@@ -126,6 +128,8 @@ def build_pod(
             annotations={"trainyard/run-id": run.run_id},
         ),
         spec=k8s.V1PodSpec(
+            hostname=hostname,
+            subdomain=subdomain,
             restart_policy="Never",
             service_account_name=config.kubernetes.service_account,
             automount_service_account_token=False,
@@ -158,3 +162,24 @@ def build_stage_pod(config: PipelineConfig, run: RunContext, spec: ContainerSpec
     """The pod of a single-container CPU stage (validate, prepare, evaluate)."""
     name = dns_label(f"{config.name}-{spec.stage}-{run_key(run.run_id)}")
     return build_pod(config, run, spec, name=name)
+
+
+def worker_node_selector(config: PipelineConfig) -> dict[str, str]:
+    """The GPU pool plus the GPU tier picked by `training.gpu_tier`, else by `training.priority`."""
+    k8s_config = config.kubernetes
+    tier_name = config.training.gpu_tier or k8s_config.tier_by_priority.get(config.training.priority)
+    tier = k8s_config.gpu_tiers.get(tier_name) if tier_name else None
+    return {**k8s_config.node_pools.gpu, **(tier.node_selector if tier else {})}
+
+
+def build_job_pods(config: PipelineConfig, run: RunContext, specs: list[ContainerSpec], job: str) -> list[k8s.V1Pod]:
+    """One pod per replica, named `<job>-<role>-<i>` with hostname/subdomain so TF_CONFIG's DNS names resolve
+    through the job's headless Service; GPU workers go to the GPU pool, chief and PS to CPU nodes."""
+    pods = []
+    for spec in specs:
+        index = int(spec.labels["trainyard/index"])
+        name = f"{job}-{spec.role}-{index}"
+        selector = worker_node_selector(config) if spec.role == "worker" and spec.resources.gpu else None
+        pods.append(build_pod(config, run, spec, name=name, index=index, node_selector=selector,
+                              hostname=name, subdomain=job))
+    return pods

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
@@ -27,6 +28,12 @@ ImageRef = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:@-]*$"
 
 # A model validator that blames one sub-field starts its message with "@sub.field: "; the loader moves the error
 # there, so it reads `training.workers.replicas: ...` at that line instead of `training: ...`.
+
+
+def shared(default: BaseModel) -> Any:
+    """A frozen section used as a default without copying it: pydantic deep-copies plain model defaults on every
+    validation, which was most of the parse-time cost of a DAG (see bench/parse_bench.py)."""
+    return Field(default_factory=lambda: default)
 
 
 class Strict(BaseModel):
@@ -84,10 +91,10 @@ class Feature(Strict):
         """The concrete columns this entry stands for."""
         if self.count is None:
             return [self]
-        return [
-            self.model_copy(update={"name": self.name.replace("{i}", str(i)), "count": None})
-            for i in range(self.count)
-        ]
+        fields = self.model_dump(exclude={"name", "count"})
+        # already validated as a whole: build the copies without validating each again (cheap at parse time)
+        return [Feature.model_construct(name=self.name.replace("{i}", str(i)), count=None, **fields)
+                for i in range(self.count)]
 
 
 class Label(Strict):
@@ -130,41 +137,52 @@ class DataConfig(Strict):
     window: Window | None = None
     label: Label
     features: list[Feature] = Field(min_length=1)
-    expectations: Expectations = Expectations()
-    split: Split = Split()
-    shards: Shards = Shards()
+    expectations: Expectations = shared(Expectations())
+    split: Split = shared(Split())
+    shards: Shards = shared(Shards())
 
     _check_source = field_validator("source")(classmethod(lambda cls, v: check_volume_path(v)))
 
     @model_validator(mode="after")
     def _unique_columns(self) -> DataConfig:
         seen: set[str] = {self.label.name}
-        for feature in self.columns():
-            if feature.name in seen:
-                raise ValueError(f"column {feature.name!r} is defined twice (features and label must be distinct)")
-            seen.add(feature.name)
+        for name in self.column_names():
+            if name in seen:
+                raise ValueError(f"column {name!r} is defined twice (features and label must be distinct)")
+            seen.add(name)
         return self
 
+    def column_names(self) -> list[str]:
+        """Feature column names, `count` entries expanded; cheap (no Feature objects), for parse-time use."""
+        return [
+            name for f in self.features
+            for name in ([f.name] if f.count is None else [f.name.replace("{i}", str(i)) for i in range(f.count)])
+        ]
+
+    @cached_property
+    def _columns(self) -> tuple[Feature, ...]:
+        return tuple(column for feature in self.features for column in feature.expand())
+
     def columns(self) -> list[Feature]:
-        """Every feature column, with `count` entries expanded."""
-        return [column for feature in self.features for column in feature.expand()]
+        """Every feature column, with `count` entries expanded (computed once per config)."""
+        return list(self._columns)
 
 
 class StageImage(Strict):
     image: ImageRef
-    resources: Resources = Resources()
+    resources: Resources = shared(Resources())
 
 
 class PrepConfig(Strict):
     image: ImageRef = "trainyard/prep:0.1.0"
-    resources: Resources = Resources(cpu="1", memory="2Gi")
+    resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
     chunk_rows: int = Field(50_000, ge=100, le=5_000_000)
 
 
 class ReplicaSet(Strict):
     replicas: int = Field(1, ge=0, le=64)
     max_replicas: int | None = Field(None, ge=1, le=64, description="upper bound a UI trigger may ask for")
-    resources: Resources = Resources()
+    resources: Resources = shared(Resources())
 
     @model_validator(mode="after")
     def _bounds(self) -> ReplicaSet:
@@ -177,6 +195,19 @@ class ReplicaSet(Strict):
         return self.max_replicas if self.max_replicas is not None else self.replicas
 
 
+class PsReplicas(ReplicaSet):
+    """Parameter servers: CPU pods."""
+
+    resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
+
+
+class WorkerReplicas(ReplicaSet):
+    """Workers: GPU pods by default, so `workers: {replicas: 4}` alone keeps one GPU per worker."""
+
+    replicas: int = Field(2, ge=0, le=64)
+    resources: Resources = shared(Resources(cpu="2", memory="4Gi", gpu=1))
+
+
 class ModelSpec(Strict):
     module: str = Field("trainyard_trainer.models.mlp", pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
     params: dict[str, Any] = {}
@@ -185,10 +216,10 @@ class ModelSpec(Strict):
 class TrainingConfig(Strict):
     strategy: Literal["parameter_server", "multi_worker_mirrored", "single"] = "parameter_server"
     image: ImageRef = "trainyard/trainer:0.1.0"
-    model: ModelSpec = ModelSpec()
-    chief: Resources = Resources(cpu="1", memory="2Gi")
-    ps: ReplicaSet = ReplicaSet(replicas=1, resources=Resources(cpu="1", memory="2Gi"))
-    workers: ReplicaSet = ReplicaSet(replicas=2, resources=Resources(cpu="2", memory="4Gi", gpu=1))
+    model: ModelSpec = shared(ModelSpec())
+    chief: Resources = shared(Resources(cpu="1", memory="2Gi"))
+    ps: PsReplicas = shared(PsReplicas())
+    workers: WorkerReplicas = shared(WorkerReplicas())
     priority: Literal["high", "low"] = "low"
     gpu_tier: str | None = None
     steps: int = Field(500, ge=1, le=10_000_000)
@@ -236,7 +267,7 @@ class DeployConfig(Strict):
     model_name: K8sName | None = None
     image: ImageRef = "tensorflow/serving:2.19.0"
     replicas: int = Field(1, ge=1, le=100)
-    resources: Resources = Resources(cpu="1", memory="2Gi")
+    resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
     node_selector: dict[str, str] = {}
 
 
@@ -266,9 +297,9 @@ class NodePools(Strict):
 
 class KubernetesConfig(Strict):
     namespace: K8sName = "trainyard"
-    volume: VolumeConfig = VolumeConfig()
+    volume: VolumeConfig = shared(VolumeConfig())
     service_account: K8sName = "trainyard-runner"
-    node_pools: NodePools = NodePools()
+    node_pools: NodePools = shared(NodePools())
     gpu_tiers: dict[str, GpuTier] = {}
     tier_by_priority: dict[Literal["high", "low"], str] = {}
     image_pull_secrets: list[K8sName] = []
@@ -289,11 +320,11 @@ class PipelineConfig(Strict):
     retries: int = Field(1, ge=0, le=20)
     backend: Literal["local", "kubernetes"] | None = None
     data: DataConfig
-    prep: PrepConfig = PrepConfig()
-    training: TrainingConfig = TrainingConfig()
-    evaluation: EvaluationConfig = EvaluationConfig()
-    deploy: DeployConfig = DeployConfig()
-    kubernetes: KubernetesConfig = KubernetesConfig()
+    prep: PrepConfig = shared(PrepConfig())
+    training: TrainingConfig = shared(TrainingConfig())
+    evaluation: EvaluationConfig = shared(EvaluationConfig())
+    deploy: DeployConfig = shared(DeployConfig())
+    kubernetes: KubernetesConfig = shared(KubernetesConfig())
 
     @field_validator("schedule")
     @classmethod

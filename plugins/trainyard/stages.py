@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
+from trainyard.cluster_spec import Replicas, tf_config
 from trainyard.layout import RunLayout
 from trainyard.schema import PipelineConfig, Resources
 
@@ -20,6 +21,8 @@ CONFIG_ENV = "TRAINYARD_CONFIG_JSON"
 STAGE_ENTRYPOINTS: dict[str, tuple[str, str]] = {
     "validate": ("trainyard_prep", "validate"),
     "prepare": ("trainyard_prep", "prepare"),
+    "check_model": ("trainyard_trainer", "check"),
+    "train": ("trainyard_trainer", "train"),
 }
 
 
@@ -50,6 +53,8 @@ class ContainerSpec:
 def stage_image(config: PipelineConfig, stage: str) -> tuple[str, Resources]:
     if stage in ("validate", "prepare"):
         return config.prep.image, config.prep.resources
+    if stage in ("check_model", "train"):
+        return config.training.image, config.training.chief
     raise ValueError(f"unknown stage {stage!r}; known: {', '.join(STAGE_ENTRYPOINTS)}")
 
 
@@ -80,3 +85,26 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: str) -> Cont
              "GX_ANALYTICS_ENABLED": "False"},
         resources=resources,
     )
+
+
+def train_replicas(config: PipelineConfig) -> Replicas:
+    training = config.training
+    return Replicas(chief=1, ps=training.ps.replicas, worker=training.workers.replicas)
+
+
+def role_resources(config: PipelineConfig, role: str) -> Resources:
+    """Workers get the GPU resources from the config; the chief and parameter servers are CPU."""
+    training = config.training
+    return {"chief": training.chief, "ps": training.ps.resources, "worker": training.workers.resources}[role]
+
+
+def train_containers(config: PipelineConfig, run: RunContext, cluster: dict[str, list[str]]) -> list[ContainerSpec]:
+    """One container per replica of the training job, each with its TF_CONFIG, from the same builder."""
+    base = stage_container(config, run, "train")
+    specs = []
+    for role, index in train_replicas(config).tasks():
+        env = {**base.env, "TF_CONFIG": tf_config(cluster, role, index)}
+        specs.append(ContainerSpec(stage="train", role=role, image=base.image, command=base.command, args=base.args,
+                                   env=env, resources=role_resources(config, role),
+                                   labels={"trainyard/index": str(index)}))
+    return specs

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 Loc = tuple[str | int, ...]
+# libyaml's safe loader when PyYAML was built with it (the PyPI wheels are): same safe semantics, same marks,
+# several times faster than the pure-Python scanner, which matters because every DAG shim parses at parse time.
+SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass(frozen=True)
@@ -25,12 +29,31 @@ class Mark:
 
 @dataclass(frozen=True)
 class SourceDocument:
-    """A parsed YAML mapping plus the position of every key and value, by dotted location."""
+    """A parsed YAML mapping plus, computed on first use, the position of every key and value by location.
+
+    Positions are only needed to report errors, so a valid file (the parse-time hot path) never builds them.
+    """
 
     file: str
     data: dict[str, Any]
-    marks: dict[Loc, Mark]  # where each value starts
-    key_marks: dict[Loc, Mark]  # where each mapping key starts (for "unknown field" errors)
+    node: yaml.Node = field(repr=False, compare=False)
+
+    @cached_property
+    def _positions(self) -> tuple[dict[Loc, Mark], dict[Loc, Mark]]:
+        marks: dict[Loc, Mark] = {(): _mark(self.file, self.node)}
+        key_marks: dict[Loc, Mark] = {}
+        _walk(self.file, self.node, (), marks, key_marks, [])
+        return marks, key_marks
+
+    @property
+    def marks(self) -> dict[Loc, Mark]:
+        """Where each value starts."""
+        return self._positions[0]
+
+    @property
+    def key_marks(self) -> dict[Loc, Mark]:
+        """Where each mapping key starts (for "unknown field" errors)."""
+        return self._positions[1]
 
     def mark_for(self, loc: Loc) -> Mark | None:
         """The position of `loc`, or of its nearest ancestor present in the file."""
@@ -77,7 +100,7 @@ def _walk(file: str, node: yaml.Node, loc: Loc, marks: dict[Loc, Mark], key_mark
 
 def parse_yaml(text: str, file: str) -> SourceDocument:
     """Parse one YAML document with the safe loader and record the position of every node."""
-    loader = yaml.SafeLoader(text)
+    loader = SafeLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -92,13 +115,21 @@ def parse_yaml(text: str, file: str) -> SourceDocument:
         raise YamlSourceError([f"{where}: YAML syntax error: {problem}"]) from None
     finally:
         loader.dispose()
-    marks: dict[Loc, Mark] = {(): _mark(file, node)}
-    key_marks: dict[Loc, Mark] = {}
-    errors: list[str] = []
-    _walk(file, node, (), marks, key_marks, errors)
-    if errors:
+    if _has_duplicate_keys(node):
+        errors: list[str] = []
+        _walk(file, node, (), {}, {}, errors)
         raise YamlSourceError(errors)
-    return SourceDocument(file=file, data=data, marks=marks, key_marks=key_marks)
+    return SourceDocument(file=file, data=data, node=node)
+
+
+def _has_duplicate_keys(node: yaml.Node) -> bool:
+    """Safe-loading keeps the last of two equal keys silently; a config must not."""
+    if isinstance(node, yaml.MappingNode):
+        keys = [k.value for k, _ in node.value]
+        return len(keys) != len(set(map(str, keys))) or any(_has_duplicate_keys(v) for _, v in node.value)
+    if isinstance(node, yaml.SequenceNode):
+        return any(_has_duplicate_keys(item) for item in node.value)
+    return False
 
 
 def load_yaml_file(path: Path, display: str | None = None) -> SourceDocument:

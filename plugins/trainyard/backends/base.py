@@ -7,6 +7,8 @@ from typing import Any, Protocol
 
 from kubernetes.client import models as k8s
 
+from trainyard.cluster_spec import Replicas
+
 # Exit codes the stage entrypoints use (images/*/__main__.py): 2 usage error, 3 bad input data or config.
 NON_RETRYABLE_EXIT_CODES = (2, 3)
 
@@ -27,6 +29,15 @@ class StageFailed(Exception):
 class Launcher(Protocol):
     def run_pod(self, pod: k8s.V1Pod, log: logging.Logger) -> dict[str, Any] | None:
         """Run one pod to completion, streaming its output to `log`; return its XCom (return.json) or None."""
+        ...
+
+    def cluster_hosts(self, job: str, namespace: str, port: int, replicas: Replicas) -> dict[str, list[str]]:
+        """The address of every replica of a training job, by role (DNS names or local ports)."""
+        ...
+
+    def run_job(self, pods: list[k8s.V1Pod], log: logging.Logger, restart_budget: int,
+                logs_dir: str) -> dict[str, Any] | None:
+        """Run a training job until its chief ends; stop and reap every replica; return the chief's XCom."""
         ...
 
     def kill(self) -> None:

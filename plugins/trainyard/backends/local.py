@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -24,6 +25,7 @@ from kubernetes.client import models as k8s
 
 from trainyard import settings
 from trainyard.backends.base import StageFailed
+from trainyard.cluster_spec import ROLES, Replicas, local_hosts
 from trainyard.images import local_command
 from trainyard.podspec import SCRATCH_NAME, VOLUME_NAME
 from trainyard.stages import XCOM_DIR
@@ -64,6 +66,7 @@ class LocalProcess:
     def __init__(self, pod: k8s.V1Pod, data_dir: Path, work_dir: Path):
         container = pod.spec.containers[0]
         self.name = pod.metadata.name
+        self.role = (pod.metadata.labels or {}).get("trainyard/role", "main")
         mounts: dict[str, Path] = {XCOM_DIR: work_dir / "xcom"}
         volumes = {v.name: v for v in pod.spec.volumes or []}
         for mount in container.volume_mounts or []:
@@ -77,6 +80,7 @@ class LocalProcess:
             local.mkdir(parents=True, exist_ok=True)
         self.xcom_file = mounts[XCOM_DIR] / "return.json"
         mapper = PathMapper(mounts)
+        self.map_path = mapper
         self.argv = local_command(container.image, list(container.command or [])) + [
             mapper(a) for a in container.args or []
         ]
@@ -84,18 +88,31 @@ class LocalProcess:
         self.env["TMPDIR"] = str(work_dir / "scratch")
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.process: subprocess.Popen[str] | None = None
+        self.output: Path | None = None
 
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            self.argv,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-        )
+    def start(self, output: Path | None = None) -> None:
+        """Start the process; its output is piped (to stream) or appended to `output` (a replica's log file)."""
+        self.output = output
+        sink = output.open("a") if output is not None else subprocess.PIPE
+        try:
+            self.process = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+            )
+        finally:
+            if output is not None:
+                sink.close()
+
+    def log_tail(self, lines: int = 15) -> list[str]:
+        if self.output is None or not self.output.is_file():
+            return list(self.tail)[-lines:]
+        return self.output.read_text(errors="replace").splitlines()[-lines:]
 
     def stream(self, log: logging.Logger, prefix: str) -> int:
         """Copy output lines to `log` until the process exits; return its exit code."""
@@ -160,3 +177,95 @@ class LocalLauncher:
             running = list(self._running)
         for proc in running:
             proc.stop()
+
+    def cluster_hosts(self, job: str, namespace: str, port: int, replicas: Replicas) -> dict[str, list[str]]:
+        """Free 127.0.0.1 ports, chosen now, one per replica."""
+        return local_hosts({role: [free_port() for _ in range(replicas.count(role))] for role in ROLES})
+
+    def run_job(self, pods: list[k8s.V1Pod], log: logging.Logger, restart_budget: int,
+                logs_dir: str) -> dict[str, Any] | None:
+        """Run a training job: PS and workers first, then the chief; the job's result is the chief's.
+
+        A worker that exits is restarted in place (same port, same TF_CONFIG) while the restart budget lasts;
+        a parameter server that exits fails the attempt at once (the retry resumes from the last checkpoint).
+        When the chief ends, for any reason, every other replica is stopped and reaped.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="trainyard-job-") as work:
+            procs = [LocalProcess(pod, self.data_dir, Path(work) / pod.metadata.name) for pod in pods]
+            chief = next(p for p in procs if p.role == "chief")
+            others = [p for p in procs if p is not chief]
+            log_folder = Path(chief.map_path(logs_dir))
+            log_folder.mkdir(parents=True, exist_ok=True)
+            with self._lock:
+                self._running.extend(procs)
+            monitor = JobMonitor(others, restart_budget, log, on_fatal=chief.stop)
+            try:
+                for proc in others:
+                    proc.start(output=log_folder / f"{proc.name}.log")
+                    log.info("local backend: started %s (%s), log %s", proc.name, proc.role, proc.output)
+                chief.start()
+                monitor.start()
+                code = chief.stream(log, "[chief]")
+            finally:
+                monitor.stop()
+                for proc in procs:
+                    proc.stop()
+                with self._lock:
+                    for proc in procs:
+                        self._running.remove(proc)
+            if monitor.fatal is not None or code != 0:
+                reason = monitor.fatal or (f"chief was killed by signal {-code}" if code < 0
+                                           else f"chief exited with code {code}")
+                sections = ["--- chief (last lines) ---", *list(chief.tail)[-20:]]
+                for proc in others:
+                    sections += [f"--- {proc.name} (last lines, full log: {proc.output}) ---", *proc.log_tail()]
+                raise StageFailed(f"training job failed: {reason}\n" + "\n".join(sections),
+                                  code if monitor.fatal is None else 1)
+            log.info("training job finished; worker restarts: %d", monitor.restarts)
+            result = chief.read_xcom()
+            if result is not None:
+                result["worker_restarts"] = monitor.restarts
+            return result
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class JobMonitor(threading.Thread):
+    """Watches PS and workers while the chief runs: restarts lost workers in place, fails fast on a lost PS."""
+
+    POLL_SECONDS = 0.5
+
+    def __init__(self, replicas: list[LocalProcess], budget: int, log: logging.Logger, on_fatal: Any):
+        super().__init__(name="trainyard-job-monitor", daemon=True)
+        self.replicas, self.budget, self.log, self.on_fatal = replicas, budget, log, on_fatal
+        self.restarts = 0
+        self.fatal: str | None = None
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.wait(self.POLL_SECONDS):
+            for proc in self.replicas:
+                code = proc.process.poll() if proc.process else None
+                if code is None or self._stopping.is_set():
+                    continue
+                if proc.role == "worker" and self.restarts < self.budget:
+                    self.restarts += 1
+                    self.log.warning("%s exited with code %s; restarting it (%d of %d restarts)", proc.name, code,
+                                     self.restarts, self.budget)
+                    proc.start(output=proc.output)
+                    continue
+                why = "restart budget exhausted" if proc.role == "worker" else "a parameter server cannot be replaced"
+                self.fatal = f"{proc.name} exited with code {code} ({why})"
+                self.log.error("%s; stopping the job", self.fatal)
+                self.on_fatal()
+                return
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout=5)

@@ -1,0 +1,83 @@
+"""Entrypoint of the trainer image: `python -m trainyard_trainer {check,train} --volume ... --run-dir ...`.
+
+`check` builds the configured model once (a bad module or params fails before any replica starts). `train` reads
+TF_CONFIG once: a `ps` or `worker` task of parameter-server training serves until the job stops it; the `chief`
+(or the only process) trains, checkpoints and, alone, exports the SavedModel.
+Exit codes: 0 success; 2 usage error; 3 bad config (model module/params); 1 anything else (lost replica, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+from trainyard_prep.common import StageError, add_run_arguments, load_config, setup_logging, write_result
+
+log = logging.getLogger("trainyard")
+EXIT_BAD_INPUT = 3
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="trainyard_trainer", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True)
+    add_run_arguments(commands.add_parser("check", help="build the configured model once and exit"))
+    add_run_arguments(commands.add_parser("train", help="run this replica of the training job"))
+    return root
+
+
+def serve_forever(task) -> int:  # noqa: ANN001 - TaskConfig, imported lazily with TensorFlow
+    import tensorflow as tf
+
+    server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.role, task_index=task.index,
+                                  protocol="grpc", start=True)
+    log.info("%s %d serving on %s; it runs until the job stops it", task.role, task.index, server.target)
+    server.join()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    from trainyard_trainer.cluster import read_tf_config
+    from trainyard_trainer.data import load_schema
+    from trainyard_trainer.train import ModelError, check_model, train, training_record
+
+    try:
+        config = load_config()
+        task = read_tf_config()
+        schema = load_schema(args.run_dir / "prepared")
+        log.info("%s: pipeline=%s run=%s strategy=%s task=%s", args.command, config.name, args.run_id,
+                 config.training.strategy, f"{task.role}:{task.index}" if task else "single")
+        if args.command == "check":
+            result = check_model(config, schema)
+            write_result(args.xcom, result)
+            log.info("model check passed: %s", result)
+            return 0
+        if task is not None and config.training.strategy == "parameter_server" and task.role in ("ps", "worker"):
+            return serve_forever(task)
+        chief = task is None or task.is_chief
+        scratch = None if chief else Path(tempfile.mkdtemp(prefix="trainyard-ckpt-"))
+        outcome, model = train(config, args.run_dir, task, schema, checkpoint_dir=scratch)
+        if not chief:
+            return 0
+        from trainyard_trainer.export import export, plain_copy
+        from trainyard_trainer.train import build
+
+        training = training_record(outcome, config)
+        export(plain_copy(model, lambda: build(config, schema)[0]), schema, args.run_dir / "model", training)
+        write_result(args.xcom, {**training, "model": str((args.run_dir / "model").relative_to(args.volume))})
+        log.info("training finished: %s", training)
+        return 0
+    except (ModelError, StageError, FileNotFoundError) as exc:
+        log.error("%s failed: %s", args.command, exc)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The training job on the local backend with real TensorFlow processes on 127.0.0.1: faults included."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from trainyard.backends.base import StageFailed
+from trainyard.backends.local import LocalLauncher
+from trainyard.config_loader import load_pipeline_file
+from trainyard.layout import RunLayout
+from trainyard.schema import PipelineConfig
+from trainyard.stages import RunContext
+from trainyard.training_job import launch_training
+from trainyard_prep.example_data import write_digits
+from trainyard_prep.inputs import pin_inputs
+from trainyard_prep.prepare import prepare
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def prepared_volume(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A volume with the digits data prepared once for the module (the prep stages are tested elsewhere)."""
+    volume = tmp_path_factory.mktemp("volume")
+    write_digits(volume / "datasets" / "digits", days=2, end=dt.date(2026, 11, 30))
+    return volume
+
+
+def config_with(pipelines: Path, **training: object) -> PipelineConfig:
+    config = load_pipeline_file(pipelines / "digits.yaml")
+    data = config.model_dump()
+    data["training"].update(training)
+    return PipelineConfig.model_validate(data)
+
+
+def prepare_run(volume: Path, config: PipelineConfig, run_id: str) -> Path:
+    run_dir = volume / "runs" / config.name / RunLayout.for_run("/", config.name, run_id).key
+    manifest = pin_inputs(volume, run_dir, config.data, None)
+    prepare(run_dir, config, manifest)
+    return run_dir
+
+
+class Watch(logging.Handler):
+    """Calls `action` once when a log line contains `text` (e.g. a training step)."""
+
+    def __init__(self, text: str, action):  # noqa: ANN001
+        super().__init__()
+        self.text, self.action, self.fired = text, action, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.fired.is_set() and self.text in record.getMessage():
+            self.fired.set()
+            threading.Thread(target=self.action, daemon=True).start()
+
+
+def kill_replica(launcher: LocalLauncher, role: str) -> None:
+    with launcher._lock:
+        proc = next(p for p in launcher._running if p.role == role)
+    proc.process.send_signal(signal.SIGKILL)
+
+
+def run_job(config: PipelineConfig, volume: Path, run_id: str, watch: Watch | None = None,
+            launcher: LocalLauncher | None = None) -> dict:
+    launcher = launcher or LocalLauncher(volume)
+    log = logging.getLogger(f"test.{run_id}")
+    log.setLevel(logging.INFO)
+    if watch:
+        log.addHandler(watch)
+    run = RunContext(pipeline=config.name, run_id=run_id)
+    try:
+        return launch_training(config, run, launcher, log)
+    finally:
+        if watch:
+            log.removeHandler(watch)
+
+
+def test_parameter_server_job_trains_and_exports(pipelines_dir: Path, prepared_volume: Path) -> None:
+    config = config_with(pipelines_dir, steps=200, checkpoint_every_steps=100)
+    run_dir = prepare_run(prepared_volume, config, "ps-ok")
+    result = run_job(config, prepared_volume, "ps-ok")
+    assert result["steps"] == 200 and result["resumed_from_step"] == 0 and result["worker_restarts"] == 0
+    assert result["final_loss"] < 1.0
+    training = json.loads((run_dir / "model" / "training.json").read_text())
+    assert training["strategy"] == "parameter_server" and training["tensorflow"] == tf.__version__
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-100.index",
+                                                                                   "ckpt-200.index"]
+    assert {p.name for p in (run_dir / "cluster" / "logs").iterdir()} >= {
+        f.name for f in (run_dir / "cluster" / "logs").glob("*-ps-0.log")}
+    assert list((run_dir / "tensorboard" / "train").glob("events.out.tfevents.*"))
+    # a fresh process-free load of the export predicts from raw features by name
+    loaded = tf.saved_model.load(str(run_dir / "model" / "saved_model"))
+    serve = loaded.signatures["serving_default"]
+    assert sorted(serve.structured_input_signature[1])[:2] == ["pixel_0", "pixel_1"]
+    out = serve(**{f"pixel_{i}": tf.constant([0.0, 16.0]) for i in range(64)})
+    assert out["probabilities"].shape == (2, 10) and out["classes"].dtype == tf.string
+
+
+def test_a_killed_worker_is_restarted_and_the_run_finishes(pipelines_dir: Path, prepared_volume: Path) -> None:
+    config = config_with(pipelines_dir, steps=1500, checkpoint_every_steps=100, restart_budget=2)
+    run_dir = prepare_run(prepared_volume, config, "worker-kill")
+    launcher = LocalLauncher(prepared_volume)
+    watch = Watch("step 200 ", lambda: kill_replica(launcher, "worker"))
+    result = run_job(config, prepared_volume, "worker-kill", watch, launcher)
+    assert watch.fired.is_set()
+    assert result["steps"] == 1500 and result["worker_restarts"] == 1
+    assert (run_dir / "model" / "saved_model" / "saved_model.pb").is_file()
+
+
+def test_a_killed_ps_fails_the_attempt_and_the_retry_resumes(pipelines_dir: Path, prepared_volume: Path) -> None:
+    config = config_with(pipelines_dir, steps=1500, checkpoint_every_steps=100)
+    run_dir = prepare_run(prepared_volume, config, "ps-kill")
+    launcher = LocalLauncher(prepared_volume)
+    watch = Watch("step 200 ", lambda: kill_replica(launcher, "ps"))
+    started = time.monotonic()
+    with pytest.raises(StageFailed, match="ps-0 exited with code -9 \\(a parameter server cannot be replaced\\)"):
+        run_job(config, prepared_volume, "ps-kill", watch, launcher)
+    assert time.monotonic() - started < 120
+    assert not launcher._running  # every replica was stopped and reaped
+    assert not (run_dir / "model").exists()
+    checkpoints = sorted(int(p.stem.split("-")[1]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
+    assert checkpoints and checkpoints[-1] >= 200
+    retry = run_job(config, prepared_volume, "ps-kill")  # the Airflow retry: same run folder, new processes
+    assert retry["resumed_from_step"] == checkpoints[-1] and retry["steps"] == 1500
+
+
+def test_a_killed_chief_fails_the_attempt_and_the_retry_resumes(pipelines_dir: Path, prepared_volume: Path) -> None:
+    config = config_with(pipelines_dir, steps=1500, checkpoint_every_steps=100)
+    run_dir = prepare_run(prepared_volume, config, "chief-kill")
+    launcher = LocalLauncher(prepared_volume)
+    watch = Watch("step 200 ", lambda: kill_replica(launcher, "chief"))
+    with pytest.raises(StageFailed, match="chief was killed by signal 9"):
+        run_job(config, prepared_volume, "chief-kill", watch, launcher)
+    assert not launcher._running
+    retry = run_job(config, prepared_volume, "chief-kill")
+    assert retry["resumed_from_step"] >= 200 and retry["steps"] == 1500
+    assert (run_dir / "model" / "training.json").is_file()
+
+
+def test_a_bad_model_module_fails_before_any_replica_starts(pipelines_dir: Path, prepared_volume: Path) -> None:
+    config = config_with(pipelines_dir, model={"module": "trainyard_trainer.models.nope", "params": {}})
+    run_dir = prepare_run(prepared_volume, config, "bad-module")
+    with pytest.raises(StageFailed) as info:
+        run_job(config, prepared_volume, "bad-module")
+    assert info.value.exit_code == 3 and not info.value.retryable
+    assert "training.model.module 'trainyard_trainer.models.nope' cannot be imported" in str(info.value)
+    assert not (run_dir / "cluster").exists()  # no replica was launched
+    bad_params = config_with(pipelines_dir, model={"module": "trainyard_trainer.models.mlp",
+                                                   "params": {"hidden_units": "wide"}})
+    with pytest.raises(StageFailed, match="hidden_units must be a list of positive integers"):
+        run_job(bad_params, prepared_volume, "bad-module")
