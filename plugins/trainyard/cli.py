@@ -98,6 +98,112 @@ def cmd_data(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def serving_pid_file() -> Path:
+    return settings.data_dir() / "serving.pid"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The local TF Serving API server over `<volume>/models` (foreground, or --background with a pid file)."""
+    import os
+    import subprocess
+
+    models = settings.data_dir() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "trainyard_serving", "serve", "--models-dir", str(models),
+            "--grpc-port", str(args.grpc_port), "--rest-port", str(args.rest_port)]
+    if args.stop:
+        return stop_server()
+    if not args.background:
+        os.execv(sys.executable, argv)
+    if server_alive():
+        print(f"trainyard serve: already running (pid {serving_pid_file().read_text().strip()})")
+        return EXIT_OK
+    log_path = settings.data_dir() / "serving.log"
+    with log_path.open("a") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    serving_pid_file().write_text(str(process.pid))
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            print(f"trainyard serve: the server exited with code {process.returncode}; see {log_path}",
+                  file=sys.stderr)
+            return EXIT_FAILED
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{args.rest_port}/v1/models/_probe", timeout=1)
+        except urllib.error.HTTPError:
+            break  # a 404 from our server: it is up
+        except OSError:
+            time.sleep(0.5)
+    print(f"trainyard serve: serving {models} (pid {process.pid}): REST http://127.0.0.1:{args.rest_port}, "
+          f"gRPC 127.0.0.1:{args.grpc_port}; log {log_path}")
+    return EXIT_OK
+
+
+def server_alive() -> bool:
+    import os
+
+    path = serving_pid_file()
+    if not path.is_file():
+        return False
+    try:
+        os.kill(int(path.read_text().strip()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def stop_server() -> int:
+    import os
+    import signal
+
+    if server_alive():
+        os.kill(int(serving_pid_file().read_text().strip()), signal.SIGTERM)
+        print("trainyard serve: stopped")
+    serving_pid_file().unlink(missing_ok=True)
+    return EXIT_OK
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """POST one eval example of the pipeline's newest evaluated run to the REST API and print the answer."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        config = load_pipeline_file(find_pipeline_file(settings.pipelines_dir(), args.pipeline))
+    except ConfigError as exc:
+        print("\n".join(exc.lines), file=sys.stderr)
+        return EXIT_FAILED
+    runs = sorted((settings.data_dir() / "runs" / config.name).glob("*/eval/smoke.json"),
+                  key=lambda p: p.stat().st_mtime)
+    if not runs:
+        print(f"trainyard predict: no evaluated run of {config.name} yet (run `trainyard run {config.name}`)",
+              file=sys.stderr)
+        return EXIT_FAILED
+    smoke = json.loads(runs[-1].read_text())
+    instance = {name: values[0] for name, values in smoke["inputs"].items()}
+    url = f"http://127.0.0.1:{args.rest_port}/v1/models/{config.model_name}:predict"
+    request = urllib.request.Request(url, data=json.dumps({"instances": [instance]}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        print(f"trainyard predict: {url}: HTTP {exc.code}: {exc.read().decode()}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:
+        print(f"trainyard predict: {url}: {exc}; is `trainyard serve` running?", file=sys.stderr)
+        return EXIT_FAILED
+    prediction = answer["predictions"][0]
+    print(f"POST {url}")
+    print(f"predicted class {prediction['classes']!r} (p={max(prediction['probabilities']):.3f}); "
+          f"the evaluator expected class id {smoke['class_ids'][0]}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="trainyard", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
@@ -117,6 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--name", help="synthetic: dataset folder name under datasets/")
     data.add_argument("--force", action="store_true", help="digits: rewrite existing data")
     data.set_defaults(func=cmd_data)
+    serve = commands.add_parser("serve", help="the local TF Serving API server over the volume's models/")
+    serve.add_argument("--grpc-port", type=int, default=8500)
+    serve.add_argument("--rest-port", type=int, default=8501)
+    serve.add_argument("--background", action="store_true", help="start it detached (pid in <volume>/serving.pid)")
+    serve.add_argument("--stop", action="store_true", help="stop the background server")
+    serve.set_defaults(func=cmd_serve)
+    predict = commands.add_parser("predict", help="one prediction through the REST API, from a run's eval data")
+    predict.add_argument("pipeline")
+    predict.add_argument("--rest-port", type=int, default=8501)
+    predict.set_defaults(func=cmd_predict)
     return root
 
 

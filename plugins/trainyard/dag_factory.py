@@ -9,10 +9,11 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
 from trainyard.config_loader import display_path, find_pipeline_file, load_pipeline_file
-from trainyard.operators import StageOperator, TrainJobOperator
+from trainyard.operators import DecideOperator, StageOperator, TrainJobOperator
 from trainyard.params import build_params
 from trainyard.schema import PipelineConfig
 from trainyard.settings import pipelines_dir
@@ -21,6 +22,9 @@ STAGES = (
     ("validate_data", "validate", "Great Expectations suite from the config on the run's input partitions."),
     ("prepare_data", "prepare", "Deterministic split into TFRecord shards with schema, stats and manifest."),
     ("train", "train", "Distributed TensorFlow job (chief + parameter servers + workers); exports the SavedModel."),
+    ("evaluate", "evaluate", "Metrics on the eval split beside the served model's; report with plots."),
+    ("decide", "decide", "Thresholds met and better than the champion (or forced): deploy, else skip; reasons logged."),
+    ("deploy", "deploy", "Publish version N+1, wait until AVAILABLE, smoke-test Predict, roll back on failure."),
 )
 
 
@@ -73,6 +77,10 @@ def build_dag(config: PipelineConfig, source: str = "") -> DAG:
             if stage == "train":
                 task = TrainJobOperator(task_id=task_id, config=config, doc_md=what,
                                         execution_timeout=dt.timedelta(hours=12))
+            elif stage == "decide":
+                task = DecideOperator(task_id=task_id, config=config, doc_md=what)
+                skip = EmptyOperator(task_id="skip_deploy", doc_md="The model did not earn a deploy (see decide).")
+                task >> skip
             else:
                 task = StageOperator(task_id=task_id, config=config, stage=stage, doc_md=what)
             if previous is not None:

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 from typing import Any
 
+from airflow.providers.standard.operators.branch import BranchMixIn
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -51,8 +52,9 @@ class StageOperator(BaseOperator):
 
         config = apply_overrides(self.config, context["params"])
         run = run_context(context, config.name)
-        pod = build_stage_pod(config, run, stage_container(config, run, self.stage))
         self._launcher = launcher_for(backend_name(config.backend))
+        extra = self.extra_args(context, config)
+        pod = build_stage_pod(config, run, stage_container(config, run, self.stage, extra))
         from trainyard.backends.base import StageFailed
 
         try:
@@ -66,9 +68,34 @@ class StageOperator(BaseOperator):
             raise ValueError(f"stage {self.stage!r} returned more than {XCOM_LIMIT_BYTES} bytes of XCom")
         return result
 
+    def extra_args(self, context: Any, config: PipelineConfig) -> tuple[str, ...]:
+        """Stage arguments that depend on the run: decide's --force, deploy's serving endpoint."""
+        if self.stage == "decide" and context["params"].get("force_deploy"):
+            return ("--force",)
+        if self.stage == "deploy":
+            return ("--endpoint", self._launcher.serving_endpoint(config))
+        return ()
+
     def on_kill(self) -> None:
         if self._launcher is not None:
             self._launcher.kill()
+
+
+class DecideOperator(StageOperator, BranchMixIn):
+    """The decide pod, then a branch: `deploy` when the decision says so, else `skip_deploy` (a success)."""
+
+    ui_color = "#e8daef"
+
+    def __init__(self, *, config: PipelineConfig, **kwargs: Any):
+        super().__init__(config=config, stage="decide", **kwargs)
+
+    def execute(self, context: Any) -> Any:
+        decision = super().execute(context) or {}
+        verdict = "DEPLOY" if decision.get("deploy") else "SKIP"
+        self.log.info("decision: %s%s", verdict, " (forced)" if decision.get("forced") else "")
+        for reason in decision.get("reasons", []):
+            self.log.info("  - %s", reason)
+        return self.do_branch(context, "deploy" if decision.get("deploy") else "skip_deploy")
 
 
 class TrainJobOperator(StageOperator):

@@ -258,6 +258,7 @@ class ChangeThreshold(Strict):
 
 class EvaluationConfig(Strict):
     image: ImageRef = "trainyard/trainer:0.1.0"
+    resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
     metrics: list[Literal["accuracy", "loss", "auc", "precision", "recall"]] = ["accuracy", "loss"]
     thresholds: dict[str, Threshold] = {}
     change_threshold: ChangeThreshold | None = None
@@ -265,7 +266,11 @@ class EvaluationConfig(Strict):
 
 class DeployConfig(Strict):
     model_name: K8sName | None = None
-    image: ImageRef = "tensorflow/serving:2.19.0"
+    image: ImageRef = Field("tensorflow/serving:2.19.0", description="the TF Serving image (Kubernetes backend)")
+    client_image: ImageRef = Field("trainyard/serving:0.1.0", description="runs the deploy step")
+    client_resources: Resources = shared(Resources(cpu="500m", memory="2Gi"))
+    grpc_port: int = Field(8500, ge=1, le=65535)
+    rest_port: int = Field(8501, ge=1, le=65535)
     replicas: int = Field(1, ge=1, le=100)
     resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
     node_selector: dict[str, str] = {}

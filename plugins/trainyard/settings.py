@@ -18,6 +18,11 @@ def data_dir() -> Path:
     return Path(os.environ.get("TRAINYARD_DATA_DIR") or REPO_ROOT / "data")
 
 
+def local_serving_grpc(default_port: int) -> str:
+    """The local server's gRPC address the deploy step talks to: `TRAINYARD_SERVING_GRPC`, else 127.0.0.1."""
+    return os.environ.get("TRAINYARD_SERVING_GRPC") or f"127.0.0.1:{default_port}"
+
+
 def backend_name(configured: str | None) -> str:
     """`TRAINYARD_BACKEND` wins, then the config's `backend`, then the embedded default `local`."""
     name = os.environ.get("TRAINYARD_BACKEND") or configured or "local"

@@ -23,6 +23,9 @@ STAGE_ENTRYPOINTS: dict[str, tuple[str, str]] = {
     "prepare": ("trainyard_prep", "prepare"),
     "check_model": ("trainyard_trainer", "check"),
     "train": ("trainyard_trainer", "train"),
+    "evaluate": ("trainyard_trainer", "evaluate"),
+    "decide": ("trainyard_trainer", "decide"),
+    "deploy": ("trainyard_serving", "deploy"),
 }
 
 
@@ -55,10 +58,15 @@ def stage_image(config: PipelineConfig, stage: str) -> tuple[str, Resources]:
         return config.prep.image, config.prep.resources
     if stage in ("check_model", "train"):
         return config.training.image, config.training.chief
+    if stage in ("evaluate", "decide"):
+        return config.evaluation.image, config.evaluation.resources
+    if stage == "deploy":
+        return config.deploy.client_image, config.deploy.client_resources
     raise ValueError(f"unknown stage {stage!r}; known: {', '.join(STAGE_ENTRYPOINTS)}")
 
 
-def stage_container(config: PipelineConfig, run: RunContext, stage: str) -> ContainerSpec:
+def stage_container(config: PipelineConfig, run: RunContext, stage: str,
+                    extra_args: tuple[str, ...] = ()) -> ContainerSpec:
     """The container that runs `stage` of `run` with the (already overridden) `config`."""
     if stage not in STAGE_ENTRYPOINTS:
         raise ValueError(f"unknown stage {stage!r}; known: {', '.join(STAGE_ENTRYPOINTS)}")
@@ -75,6 +83,7 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: str) -> Cont
     ]
     if run.data_interval_end is not None:
         args += ["--window-end", run.data_interval_end.isoformat()]
+    args += list(extra_args)
     return ContainerSpec(
         stage=stage,
         role="main",

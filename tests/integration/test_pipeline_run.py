@@ -30,7 +30,7 @@ def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Pa
     # five daily partitions ending yesterday; the run's data interval ends now, so a 4-day window
     # ([now - 4 days, now)) holds exactly the last three partitions (1,077 rows, above min_rows: 1000)
     write_digits(data_dir / "datasets" / "digits", days=5)
-    done = trainyard("run", "digits", "--conf", '{"window_days": 4}')
+    done = trainyard("run", "digits", "--conf", '{"window_days": 4, "steps": 120, "workers": 1}')
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "finished: success" in done.stdout
     run_dir = run_folder(done.stdout)
@@ -44,6 +44,13 @@ def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Pa
     assert validation["success"] and validation["rows"] == prepared["rows"]["train"] + prepared["rows"]["eval"]
     assert validation["rows"] == 1077
     assert prepared["inputs"]["files"] == 3 and len(prepared["shards"]) == 5
+    # the train task ran the job with the overridden steps and replica count, and the chief exported the model
+    training = json.loads((run_dir / "model" / "training.json").read_text())
+    assert (training["steps"], training["workers"], training["strategy"]) == (120, 1, "parameter_server")
+    assert (run_dir / "model" / "saved_model" / "saved_model.pb").is_file()
+    logs = sorted(p.name.rsplit("-", 2)[-2] for p in (run_dir / "cluster" / "logs").glob("*.log"))
+    assert logs == ["ps", "worker"]
+    assert "[chief]" in done.stdout + done.stderr and "step 120 loss" in done.stdout + done.stderr
 
 
 def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path, data_dir: Path) -> None:

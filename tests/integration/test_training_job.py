@@ -157,3 +157,14 @@ def test_a_bad_model_module_fails_before_any_replica_starts(pipelines_dir: Path,
                                                    "params": {"hidden_units": "wide"}})
     with pytest.raises(StageFailed, match="hidden_units must be a list of positive integers"):
         run_job(bad_params, prepared_volume, "bad-module")
+
+
+@pytest.mark.parametrize(("strategy", "workers"), [("single", 0), ("multi_worker_mirrored", 1)])
+def test_other_strategies_from_the_same_config_field(pipelines_dir: Path, prepared_volume: Path, strategy: str,
+                                                     workers: int) -> None:
+    config = config_with(pipelines_dir, strategy=strategy, steps=100, checkpoint_every_steps=50,
+                         ps={"replicas": 0}, workers={"replicas": workers})
+    run_dir = prepare_run(prepared_volume, config, f"strategy-{strategy}")
+    result = run_job(config, prepared_volume, f"strategy-{strategy}")
+    assert result["steps"] == 100 and result["strategy"] == strategy
+    assert (run_dir / "model" / "saved_model" / "saved_model.pb").is_file()

@@ -25,6 +25,10 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True)
     add_run_arguments(commands.add_parser("check", help="build the configured model once and exit"))
     add_run_arguments(commands.add_parser("train", help="run this replica of the training job"))
+    add_run_arguments(commands.add_parser("evaluate", help="score the exported model on the eval split"))
+    decide = commands.add_parser("decide", help="decide whether the model is deployed (no TensorFlow)")
+    add_run_arguments(decide)
+    decide.add_argument("--force", action="store_true", help="force_deploy: skip the comparison")
     return root
 
 
@@ -44,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+    if args.command == "decide":
+        return run_decide(args)
+    if args.command == "evaluate":
+        return run_evaluate(args)
     from trainyard_trainer.cluster import read_tf_config
     from trainyard_trainer.data import load_schema
     from trainyard_trainer.train import ModelError, check_model, train, training_record
@@ -77,6 +85,48 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelError, StageError, FileNotFoundError) as exc:
         log.error("%s failed: %s", args.command, exc)
         return EXIT_BAD_INPUT
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from trainyard_trainer.evaluate import evaluate
+
+    try:
+        config = load_config()
+        payload = evaluate(config, args.volume, args.run_dir, args.run_id)
+    except (StageError, FileNotFoundError) as exc:
+        log.error("evaluate failed: %s", exc)
+        return EXIT_BAD_INPUT
+    champion = payload["champion"]
+    log.info("challenger %s; champion %s", payload["challenger"],
+             f"v{champion['version']} {champion['metrics']}" if champion else "none")
+    write_result(args.xcom, {"metrics": payload["challenger"], "eval_rows": payload["eval_rows"],
+                             "champion_version": champion["version"] if champion else None,
+                             "report": str((args.run_dir / "eval" / "report.html").relative_to(args.volume))})
+    return 0
+
+
+def run_decide(args: argparse.Namespace) -> int:
+    import json
+
+    from trainyard.atomic import write_json
+    from trainyard_trainer.decide import decide
+
+    try:
+        config = load_config()
+        metrics_path = args.run_dir / "eval" / "metrics.json"
+        if not metrics_path.is_file():
+            raise StageError(f"{metrics_path} is missing: evaluate must run before decide")
+        decision = decide(config, json.loads(metrics_path.read_text()), args.force)
+    except StageError as exc:
+        log.error("decide failed: %s", exc)
+        return EXIT_BAD_INPUT
+    write_json(args.run_dir / "deploy" / "decision.json", decision)
+    log.info("decision: %s", "DEPLOY" if decision["deploy"] else "SKIP")
+    for reason in decision["reasons"]:
+        log.info("  - %s", reason)
+    write_result(args.xcom, {"deploy": decision["deploy"], "forced": decision["forced"],
+                             "reasons": decision["reasons"]})
+    return 0
 
 
 if __name__ == "__main__":

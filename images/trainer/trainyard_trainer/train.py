@@ -143,6 +143,9 @@ def train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema
         while current < training.steps:
             chunk = min(every, training.steps - current)
             pending = [coordinator.schedule(worker_fn, args=(iterator,)) for _ in range(chunk)]
+            if current == start_step:
+                pending[0].fetch()
+                log.info("first step done %.1f s after the coordinator started", time.monotonic() - started)
             coordinator.join()
             current += chunk
             interval_losses = [float(r.fetch()) for r in pending[-10:]]

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from kubernetes.client import models as k8s
 
 from trainyard.cluster_spec import Replicas
+from trainyard.schema import PipelineConfig
 
 # Exit codes the stage entrypoints use (images/*/__main__.py): 2 usage error, 3 bad input data or config.
 NON_RETRYABLE_EXIT_CODES = (2, 3)
@@ -29,6 +30,10 @@ class StageFailed(Exception):
 class Launcher(Protocol):
     def run_pod(self, pod: k8s.V1Pod, log: logging.Logger) -> dict[str, Any] | None:
         """Run one pod to completion, streaming its output to `log`; return its XCom (return.json) or None."""
+        ...
+
+    def serving_endpoint(self, config: PipelineConfig) -> str:
+        """The gRPC address of the TF Serving endpoint that serves `config.model_name`."""
         ...
 
     def cluster_hosts(self, job: str, namespace: str, port: int, replicas: Replicas) -> dict[str, list[str]]:

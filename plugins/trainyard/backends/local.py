@@ -28,6 +28,7 @@ from trainyard.backends.base import StageFailed
 from trainyard.cluster_spec import ROLES, Replicas, local_hosts
 from trainyard.images import local_command
 from trainyard.podspec import SCRATCH_NAME, VOLUME_NAME
+from trainyard.schema import PipelineConfig
 from trainyard.stages import XCOM_DIR
 
 TAIL_LINES = 40
@@ -177,6 +178,10 @@ class LocalLauncher:
             running = list(self._running)
         for proc in running:
             proc.stop()
+
+    def serving_endpoint(self, config: PipelineConfig) -> str:
+        """The local TF Serving API server (`trainyard serve`)."""
+        return settings.local_serving_grpc(config.deploy.grpc_port)
 
     def cluster_hosts(self, job: str, namespace: str, port: int, replicas: Replicas) -> dict[str, list[str]]:
         """Free 127.0.0.1 ports, chosen now, one per replica."""

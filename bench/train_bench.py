@@ -1,0 +1,218 @@
+"""Training job figures on the local backend, with real TensorFlow processes on 127.0.0.1.
+
+1. Input-bound check: parameter-server steps/s with the TFRecord input pipeline vs the same batches from memory
+   (target >= 0.9x). In-process cluster (one PS, one worker server) so only the input differs.
+2. Startup: seconds from task start to the first training step, and each replica's ready time.
+3. Worker loss cost: extra wall time of a run whose worker is SIGKILLed mid-training vs an undisturbed run
+   (target <= one checkpoint interval + one restart).
+4. Scaling: examples/s with 1 and 2 workers on a compute-bound model (2 cores here: reported, not tuned).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+INPUT_BOUND = r'''
+import json, socket, sys, time
+from pathlib import Path
+import keras, tensorflow as tf
+from trainyard_trainer.data import load_schema, make_dataset
+from trainyard_trainer.models import mlp
+
+def port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+
+prepared, steps, batch = Path(sys.argv[1]), int(sys.argv[2]), 64
+spec = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{port()}"], "ps": [f"127.0.0.1:{port()}"]})
+for job in ("worker", "ps"):
+    tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc", start=True)
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
+strategy = tf.distribute.ParameterServerStrategy(resolver)
+coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+schema = load_schema(prepared)
+with strategy.scope():
+    model = mlp.build_model({"hidden_units": [64, 32]}, schema)
+    optimizer = keras.optimizers.Adam(0.01)
+    optimizer.build(model.trainable_variables)
+loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+# the same batches, materialised in memory once
+cached = [b for b in make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema).take(50)]
+features = tf.concat([b[0] for b in cached], 0); labels = tf.concat([b[1] for b in cached], 0)
+
+def tfrecord_fn():
+    return make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema)
+
+def memory_fn():
+    return tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch, drop_remainder=True).repeat()
+
+def step(x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.nn.compute_average_loss(loss_object(y, model(x, training=True)), global_batch_size=batch)
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return loss
+
+result = {}
+for name, fn in (("memory", memory_fn), ("tfrecord", tfrecord_fn), ("memory2", memory_fn), ("tfrecord2", tfrecord_fn)):
+    iterator = iter(coordinator.create_per_worker_dataset(fn))
+    @tf.function
+    def worker_fn(it):
+        x, y = next(it)
+        return strategy.run(step, args=(x, y))
+    for _ in range(50):
+        coordinator.schedule(worker_fn, args=(iterator,))
+    coordinator.join()
+    t = time.perf_counter()
+    for _ in range(steps):
+        coordinator.schedule(worker_fn, args=(iterator,))
+    coordinator.join()
+    result[name] = steps / (time.perf_counter() - t)
+print(json.dumps(result))
+'''
+
+
+class Recorder(logging.Handler):
+    """Keeps (time, message) of every log line; fires `action` once when `trigger` appears."""
+
+    def __init__(self, trigger: str | None = None, action=None):  # noqa: ANN001
+        super().__init__()
+        self.lines: list[tuple[float, str]] = []
+        self.trigger, self.action, self.fired = trigger, action, False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.lines.append((record.created, message))
+        if self.trigger and not self.fired and self.trigger in message:
+            self.fired = True
+            threading.Thread(target=self.action, daemon=True).start()
+
+    def first(self, text: str) -> float | None:
+        return next((t for t, m in self.lines if text in m), None)
+
+
+def setup_volume(root: Path):  # noqa: ANN201
+    from trainyard.config_loader import load_pipeline_file
+    from trainyard_prep.example_data import write_digits
+
+    volume = root / "volume"
+    write_digits(volume / "datasets" / "digits", days=5, end=dt.date(2026, 11, 30))
+    return volume, load_pipeline_file(REPO / "pipelines_config" / "digits.yaml")
+
+
+def with_training(config, **training):  # noqa: ANN001, ANN201
+    from trainyard.schema import PipelineConfig
+
+    data = config.model_dump()
+    data["training"].update(training)
+    return PipelineConfig.model_validate(data)
+
+
+def prepared_run(volume: Path, config, run_id: str) -> Path:  # noqa: ANN001
+    from trainyard.layout import RunLayout
+    from trainyard_prep.inputs import pin_inputs
+    from trainyard_prep.prepare import prepare
+
+    run_dir = volume / "runs" / config.name / RunLayout.for_run("/", config.name, run_id).key
+    prepare(run_dir, config, pin_inputs(volume, run_dir, config.data, None))
+    return run_dir
+
+
+def job(volume: Path, config, run_id: str, kill_worker_at: str | None = None) -> tuple[dict, float, Recorder]:  # noqa: ANN001
+    from trainyard.backends.local import LocalLauncher
+    from trainyard.stages import RunContext
+    from trainyard.training_job import launch_training
+
+    prepared_run(volume, config, run_id)
+    launcher = LocalLauncher(volume)
+
+    def kill() -> None:
+        with launcher._lock:
+            proc = next(p for p in launcher._running if p.role == "worker")
+        proc.process.send_signal(signal.SIGKILL)
+
+    recorder = Recorder(kill_worker_at, kill if kill_worker_at else None)
+    log = logging.getLogger(f"bench.{run_id}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    log.addHandler(recorder)
+    started = time.time()
+    result = launch_training(config, RunContext(pipeline=config.name, run_id=run_id), launcher, log)
+    return result, time.time() - started, recorder
+
+
+def replica_ready_seconds(run_dir: Path, recorder: Recorder) -> dict[str, float]:
+    """Per replica: from its launch (our log) to its 'serving on' line (its own log, local time, ms)."""
+    out = {}
+    for path in sorted((run_dir / "cluster" / "logs").glob("*.log")):
+        launched = recorder.first(f"started {path.stem} ")
+        match = re.search(r"^(\S+ \S+) INFO .* serving on", path.read_text(), re.M)
+        if launched and match:
+            ready = dt.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            out[path.stem.rsplit("-", 2)[-2] + "-" + path.stem.rsplit("-", 1)[-1]] = round(ready - launched, 1)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=1500)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        volume, base = setup_volume(Path(tmp))
+
+        # 1. input-bound check
+        run_dir = prepared_run(volume, base, "input")
+        out = subprocess.run([sys.executable, "-c", INPUT_BOUND, str(run_dir / "prepared"), "400"],
+                             capture_output=True, text=True, check=True)
+        rates = json.loads(out.stdout.strip().splitlines()[-1])
+        memory = max(rates["memory"], rates["memory2"])
+        tfrecord = max(rates["tfrecord"], rates["tfrecord2"])
+        print("train bench (local backend, 2 cores, CPU only; no GPU machine was lent)")
+        print(f"  1. input-bound: TFRecord {tfrecord:.0f} steps/s vs memory {memory:.0f} steps/s -> "
+              f"{tfrecord / memory:.2f}x (target >= 0.9x)")
+
+        # 2. startup and 3. worker loss cost
+        config = with_training(base, steps=args.steps, checkpoint_every_steps=100, workers={"replicas": 2})
+        result, wall, recorder = job(volume, config, "steady")
+        first = recorder.first("first step done")
+        task_start = recorder.lines[0][0]
+        ready = replica_ready_seconds(volume / "runs" / "digits" / "steady", recorder)
+        print(f"  2. startup: {first - task_start:.1f} s from task start to the first step "
+              f"(model check {recorder.first('training job ') - task_start:.1f} s of it); replica ready: {ready}")
+        killed, killed_wall, _ = job(volume, config, "killed", kill_worker_at="step 300 ")
+        restart = killed["worker_restarts"]
+        print(f"  3. worker loss: undisturbed {wall:.1f} s, worker SIGKILLed at step 300: {killed_wall:.1f} s "
+              f"(+{killed_wall - wall:.1f} s, {restart} restart); budget: one checkpoint interval "
+              f"({100 / max(result['steps'] / result['seconds'], 1e-9):.1f} s here) + one restart "
+              f"(~{max(ready.values() or [0]):.1f} s)")
+
+        # 4. scaling on a compute-bound model
+        heavy = {"module": "trainyard_trainer.models.mlp", "params": {"hidden_units": [512, 512, 512]}}
+        rates = {}
+        for workers in (1, 2):
+            cfg = with_training(base, steps=400, checkpoint_every_steps=200, workers={"replicas": workers},
+                                model=heavy, batch_size=256)
+            res, _, _ = job(volume, cfg, f"scale{workers}")
+            rates[workers] = res["examples_per_second"]
+        print(f"  4. scaling (MLP 512x3, batch 256): 1 worker {rates[1]:.0f} examples/s, 2 workers {rates[2]:.0f} "
+              f"examples/s -> {rates[2] / rates[1]:.2f}x (2 cores shared by chief, PS and workers)")
+    return 0
+
+
+if __name__ == "__main__":
+    socket.setdefaulttimeout(None)
+    sys.exit(main())

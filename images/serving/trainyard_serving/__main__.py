@@ -1,0 +1,96 @@
+"""Entrypoint of the serving image.
+
+`python -m trainyard_serving serve --models-dir DIR [--grpc-port 8500] [--rest-port 8501]`: the local server
+(TF Serving API subset) for every model folder under DIR.
+`python -m trainyard_serving deploy --volume ... --run-dir ...`: the deploy stage (publish, wait, smoke test,
+roll back on failure).
+Exit codes: 0 success; 2 usage error; 3 bad input; 1 anything else (a failed smoke test, rolled back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from trainyard_prep.common import StageError, add_run_arguments, setup_logging
+
+log = logging.getLogger("trainyard")
+EXIT_BAD_INPUT = 3
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="trainyard_serving", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve every model under --models-dir")
+    serve.add_argument("--models-dir", type=Path, required=True)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--grpc-port", type=int, default=8500)
+    serve.add_argument("--rest-port", type=int, default=8501)
+    serve.add_argument("--poll-seconds", type=float, default=1.0)
+    serve.add_argument("--max-body-bytes", type=int, default=16 << 20)
+    deploy = commands.add_parser("deploy", help="publish the run's model as the next version, verify, roll back")
+    add_run_arguments(deploy)
+    deploy.add_argument("--endpoint", required=True, help="TF Serving gRPC address host:port")
+    return root
+
+
+def serve(args: argparse.Namespace) -> int:
+    from trainyard_serving import grpc_service, rest
+    from trainyard_serving.registry import ModelRegistry
+
+    registry = ModelRegistry(args.models_dir, args.poll_seconds)
+    registry.start()
+    grpc_server = grpc_service.make_server(registry, args.host, args.grpc_port)
+    grpc_server.start()
+    http_server = rest.make_server(registry, args.host, args.rest_port, args.max_body_bytes)
+    stopping = threading.Event()
+
+    def stop(*_: object) -> None:
+        stopping.set()
+        threading.Thread(target=http_server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("serving %s: gRPC %s:%d, REST http://%s:%d/v1/models/<name>", args.models_dir, args.host,
+             args.grpc_port, args.host, args.rest_port)
+    try:
+        http_server.serve_forever(poll_interval=0.2)
+    finally:
+        grpc_server.stop(grace=2).wait()
+        registry.stop()
+        http_server.server_close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    logging.getLogger("trainyard.serving").setLevel(logging.INFO)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if args.command == "serve":
+        return serve(args)
+    from trainyard_prep.common import load_config, write_result
+    from trainyard_serving.deploy import DeployFailed, deploy
+
+    try:
+        config = load_config()
+        result = deploy(config, args.volume, args.run_dir, args.run_id, args.endpoint)
+    except StageError as exc:
+        log.error("deploy failed: %s", exc)
+        return EXIT_BAD_INPUT
+    except DeployFailed as exc:
+        log.error("deploy failed and was rolled back: %s", exc)
+        return 1
+    write_result(args.xcom, result)
+    log.info("deployed: %s", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
