@@ -7,7 +7,7 @@ export TRAINYARD_DATA_DIR ?= $(ROOT)/data
 export PATH := $(VENV)/bin:$(PATH)
 PIPELINE ?= digits
 
-.PHONY: bootstrap demo data test unit integration lint check ui bench clean
+.PHONY: bootstrap demo data serve stop test unit integration lint check ui bench clean
 
 bootstrap:
 	@VENV=$(VENV) scripts/bootstrap.sh
@@ -17,7 +17,15 @@ data: bootstrap
 
 demo: bootstrap data
 	trainyard check
+	trainyard serve --background
 	trainyard run $(PIPELINE)
+	trainyard predict $(PIPELINE)
+
+serve: bootstrap
+	trainyard serve --background
+
+stop: bootstrap
+	trainyard serve --stop
 
 lint: bootstrap
 	ruff check dags plugins images tests bench
@@ -41,6 +49,9 @@ ui: bootstrap
 bench: bootstrap
 	python bench/parse_bench.py
 	python bench/prep_bench.py
+	python bench/train_bench.py
+	python bench/serving_bench.py
 
 clean:
+	-[ -x $(VENV)/bin/trainyard ] && $(VENV)/bin/trainyard serve --stop
 	rm -rf $(AIRFLOW_HOME) $(TRAINYARD_DATA_DIR)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.serving_helpers import Server, http
 from trainyard_prep.example_data import write_digits
 
 pytestmark = pytest.mark.integration
@@ -26,7 +27,17 @@ def run_folder(output: str) -> Path:
     return Path(line.split("run folder:", 1)[1].strip())
 
 
-def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Path) -> None:
+@pytest.fixture
+def serving(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    """The local server over the test volume's models/, on free ports; the deploy step finds it by env."""
+    (data_dir / "models").mkdir()
+    server = Server(data_dir / "models").start(tmp_path / "serving.log")
+    monkeypatch.setenv("TRAINYARD_SERVING_GRPC", server.grpc)
+    yield server
+    server.stop()
+
+
+def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Path, serving: Server) -> None:
     # five daily partitions ending yesterday; the run's data interval ends now, so a 4-day window
     # ([now - 4 days, now)) holds exactly the last three partitions (1,077 rows, above min_rows: 1000)
     write_digits(data_dir / "datasets" / "digits", days=5)
@@ -51,6 +62,27 @@ def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Pa
     logs = sorted(p.name.rsplit("-", 2)[-2] for p in (run_dir / "cluster" / "logs").glob("*.log"))
     assert logs == ["ps", "worker"]
     assert "[chief]" in done.stdout + done.stderr and "step 120 loss" in done.stdout + done.stderr
+    # evaluate -> decide -> deploy: the first model of the name is deployed as version 1 and answers over REST
+    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
+    assert metrics["champion"] is None and metrics["challenger"]["accuracy"] >= 0.8
+    assert (run_dir / "eval" / "report.html").read_text().count("<svg") == 2
+    decision = json.loads((run_dir / "deploy" / "decision.json").read_text())
+    assert decision["deploy"] is True and not decision["forced"]
+    assert json.loads((run_dir / "deploy" / "result.json").read_text())["version"] == 1
+    smoke = json.loads((run_dir / "eval" / "smoke.json").read_text())
+    instance = {name: values[0] for name, values in smoke["inputs"].items()}
+    status, answer = http("POST", serving.url("/v1/models/digits:predict"), {"instances": [instance]})
+    assert status == 200 and answer["predictions"][0]["class_ids"] == smoke["class_ids"][0]
+
+    # a second run that is not better (one training step) is not deployed, and the run still succeeds
+    worse = trainyard("run", "digits", "--conf", '{"window_days": 4, "steps": 1, "workers": 1}')
+    assert worse.returncode == 0, worse.stdout[-3000:]
+    second = run_folder(worse.stdout)
+    decision = json.loads((second / "deploy" / "decision.json").read_text())
+    assert decision["deploy"] is False and decision["champion"]["version"] == 1
+    assert any("vs champion v1" in reason for reason in decision["reasons"])
+    assert not (second / "deploy" / "result.json").exists()
+    assert sorted(p.name for p in (data_dir / "models" / "digits").iterdir() if p.name.isdigit()) == ["1"]
 
 
 def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path, data_dir: Path) -> None:

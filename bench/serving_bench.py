@@ -1,0 +1,135 @@
+"""Serving latency and availability: REST and gRPC predict vs the in-process signature call.
+
+Targets: p99 of each API with 8 concurrent clients <= 3x the in-process p50 + 2 ms; zero failed requests while 20
+new versions are published (by the deploy step's own publish()) under that load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
+
+from tests.integration.serving_helpers import Server, export_tiny_model  # noqa: E402
+from trainyard_serving.deploy import publish  # noqa: E402
+
+CLIENTS = 8
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) * 1000
+
+
+def rest_call(url: str, body: bytes) -> None:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        response.read()
+
+
+def load(call, seconds: float, clients: int = CLIENTS) -> tuple[list[float], int]:  # noqa: ANN001
+    latencies: list[float] = []
+    failures = [0]
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def client() -> None:
+        mine = []
+        while time.monotonic() < deadline:
+            start = time.perf_counter()
+            try:
+                call()
+                mine.append(time.perf_counter() - start)
+            except Exception:  # counted, never hidden
+                with lock:
+                    failures[0] += 1
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return latencies, failures[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        saved = export_tiny_model(root / "export")
+        publish(root / "models" / "tiny", saved, {"run_id": "bench"})
+        server = Server(root / "models").start(root / "server.log")
+        try:
+            signature = tf.saved_model.load(str(saved)).signatures["serving_default"]
+            inputs = {"a": tf.constant([1.0]), "b": tf.constant([0.0])}
+            for _ in range(50):
+                signature(**inputs)
+            local = []
+            for _ in range(2000):
+                start = time.perf_counter()
+                signature(**inputs)
+                local.append(time.perf_counter() - start)
+            local_p50 = statistics.median(local) * 1000
+            target = 3 * local_p50 + 2
+
+            body = json.dumps({"instances": [{"a": 1.0, "b": 0.0}]}).encode()
+            url = server.url("/v1/models/tiny:predict")
+            channel = grpc.insecure_channel(server.grpc)
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = "tiny"
+            for name in ("a", "b"):
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(np.array([1.0], dtype=np.float32)))
+
+            print(f"serving bench: {CLIENTS} concurrent clients, {args.seconds:.0f} s per API, 2 cores")
+            print(f"  in-process signature call: p50 {local_p50:.2f} ms -> target p99 <= {target:.2f} ms")
+            for name, call in (("REST", lambda: rest_call(url, body)),
+                               ("gRPC", lambda: stub.Predict(request, timeout=10))):
+                for clients in (1, CLIENTS):
+                    latencies, failures = load(call, args.seconds / 2 if clients == 1 else args.seconds, clients)
+                    seconds = args.seconds / 2 if clients == 1 else args.seconds
+                    p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+                    print(f"  {name}, {clients} client(s): {len(latencies) / seconds:.0f} req/s, p50 {p50:.2f} ms, "
+                          f"p99 {p99:.2f} ms ({p99 / target:.2f}x the target), {failures} failed")
+
+            published: list[int] = []
+
+            def publisher() -> None:
+                for _ in range(20):
+                    published.append(publish(root / "models" / "tiny", saved, {"run_id": "bench"}))
+                    time.sleep(0.4)
+
+            thread = threading.Thread(target=publisher)
+            thread.start()
+            started = time.monotonic()
+            latencies, failures = load(lambda: stub.Predict(request, timeout=10), 12.0)
+            rest_lat, rest_fail = load(lambda: rest_call(url, body), 2.0)
+            thread.join()
+            print(f"  while publishing 20 versions ({published[0]}..{published[-1]}) in "
+                  f"{time.monotonic() - started:.1f} s: gRPC {len(latencies)} ok / {failures} failed, "
+                  f"REST {len(rest_lat)} ok / {rest_fail} failed (target 0 failed)")
+            channel.close()
+        finally:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
