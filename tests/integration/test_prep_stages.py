@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from trainyard.config_loader import load_pipeline_file
 from trainyard.schema import PipelineConfig
+from trainyard.stage_runtime import StageError
 from trainyard.stages import CONFIG_ENV
-from trainyard_prep.common import StageError
 from trainyard_prep.example_data import write_digits
 from trainyard_prep.inputs import pin_inputs
 from trainyard_prep.prepare import prepare

@@ -8,9 +8,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainyard_prep.common import StageError, add_run_arguments, load_config, log, setup_logging, write_result
-
-EXIT_BAD_INPUT = 3
+from trainyard.stage_runtime import (
+    EXIT_BAD_INPUT,
+    StageError,
+    add_run_arguments,
+    load_config,
+    log,
+    parse_args,
+    write_result,
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -23,11 +29,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    setup_logging()
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    args = parse_args(parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
         config = load_config()
         log.info("%s: pipeline=%s run=%s run_dir=%s window_end=%s", args.command, config.name, args.run_id,

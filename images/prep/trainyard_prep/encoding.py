@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from trainyard.schema import Feature
-from trainyard_prep.common import StageError
+from trainyard.stage_runtime import StageError
 
 
 def varint_encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainyard.atomic import staged_dir, write_json
 from trainyard.schema import DataConfig
-from trainyard_prep.common import StageError, log
+from trainyard.stage_runtime import StageError, log
 
 MANIFEST = "manifest.json"
 

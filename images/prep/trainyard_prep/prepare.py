@@ -18,7 +18,7 @@ import pandas as pd
 
 from trainyard.atomic import staged_dir, write_json
 from trainyard.schema import PipelineConfig
-from trainyard_prep.common import Progress, StageError, log
+from trainyard.stage_runtime import Progress, StageError, log
 from trainyard_prep.encoding import ExampleEncoder
 from trainyard_prep.readers import read_chunks
 

@@ -19,7 +19,7 @@ from great_expectations.data_context.types.base import ProgressBarsConfig
 
 from trainyard.atomic import staged_dir, write_json
 from trainyard.schema import DataConfig, PipelineConfig
-from trainyard_prep.common import Progress, StageError
+from trainyard.stage_runtime import Progress, StageError
 from trainyard_prep.datadocs import make_offline
 from trainyard_prep.readers import read_chunks, truncated_rows
 

@@ -16,10 +16,9 @@ import sys
 import threading
 from pathlib import Path
 
-from trainyard_prep.common import StageError, add_run_arguments, setup_logging
+from trainyard.stage_runtime import EXIT_BAD_INPUT, EXIT_FAILED, StageError, add_run_arguments, parse_args
 
 log = logging.getLogger("trainyard")
-EXIT_BAD_INPUT = 3
 
 
 def parser() -> argparse.ArgumentParser:
@@ -67,15 +66,13 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    setup_logging()
+    args = parse_args(parser(), argv)
+    if isinstance(args, int):
+        return args
     logging.getLogger("trainyard.serving").setLevel(logging.INFO)
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
     if args.command == "serve":
         return serve(args)
-    from trainyard_prep.common import load_config, write_result
+    from trainyard.stage_runtime import load_config, write_result
     from trainyard_serving.deploy import DeployFailed, deploy
 
     try:
@@ -86,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except DeployFailed as exc:
         log.error("deploy failed and was rolled back: %s", exc)
-        return 1
+        return EXIT_FAILED
     write_result(args.xcom, result)
     log.info("deployed: %s", result)
     return 0

@@ -36,7 +36,7 @@ from tensorflow_serving.apis import (
 
 from trainyard.atomic import write_json
 from trainyard.schema import PipelineConfig
-from trainyard_prep.common import StageError, log
+from trainyard.stage_runtime import StageError, log
 
 METADATA = "trainyard.json"
 AVAILABLE_TIMEOUT_SECONDS = 120.0

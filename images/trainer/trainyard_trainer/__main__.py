@@ -14,10 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trainyard_prep.common import StageError, add_run_arguments, load_config, setup_logging, write_result
+from trainyard.stage_runtime import EXIT_BAD_INPUT, StageError, add_run_arguments, load_config, parse_args, write_result
 
 log = logging.getLogger("trainyard")
-EXIT_BAD_INPUT = 3
 
 
 def parser() -> argparse.ArgumentParser:
@@ -43,11 +42,9 @@ def serve_forever(task) -> int:  # noqa: ANN001 - TaskConfig, imported lazily wi
 
 
 def main(argv: list[str] | None = None) -> int:
-    setup_logging()
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    args = parse_args(parser(), argv)
+    if isinstance(args, int):
+        return args
     if args.command == "decide":
         return run_decide(args)
     if args.command == "evaluate":

@@ -9,9 +9,9 @@ from kubernetes.client import models as k8s
 
 from trainyard.cluster_spec import Replicas
 from trainyard.schema import PipelineConfig
+from trainyard.stage_runtime import EXIT_BAD_INPUT, EXIT_USAGE
 
-# Exit codes the stage entrypoints use (images/*/__main__.py): 2 usage error, 3 bad input data or config.
-NON_RETRYABLE_EXIT_CODES = (2, 3)
+NON_RETRYABLE_EXIT_CODES = (EXIT_USAGE, EXIT_BAD_INPUT)
 
 
 class StageFailed(Exception):

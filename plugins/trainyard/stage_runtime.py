@@ -1,4 +1,5 @@
-"""What every stage entrypoint shares: arguments, the config from the pod env, XCom, progress logging."""
+"""What every stage entrypoint (images/*/__main__.py) shares: exit codes, arguments, the config from the pod env,
+XCom, progress logging. Airflow-free and light: every image copies it beside the config schema."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from trainyard.schema import PipelineConfig
 from trainyard.stages import CONFIG_ENV
 
 log = logging.getLogger("trainyard")
+
+# Exit codes of every stage entrypoint; the operators do not retry 2 and 3 (a retry would fail the same way).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_INPUT = 0, 1, 2, 3
 
 
 class StageError(Exception):
@@ -33,6 +37,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", required=True, help="the Airflow run id")
     parser.add_argument("--xcom", type=Path, help="where to write the small JSON result (KPO's return.json)")
     parser.add_argument("--window-end", type=dt.datetime.fromisoformat, help="data interval end (ISO 8601)")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
+    """Set up logging and parse; argparse's own exit (usage error 2, --help 0) becomes a return code."""
+    setup_logging()
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
 
 
 def load_config() -> PipelineConfig:
