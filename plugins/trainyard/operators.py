@@ -47,6 +47,7 @@ class StageOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any] | None:
         from trainyard.backends import launcher_for
+        from trainyard.backends.base import StageFailed
         from trainyard.podspec import build_stage_pod
         from trainyard.stages import stage_container
 
@@ -55,8 +56,6 @@ class StageOperator(BaseOperator):
         self._launcher = launcher_for(backend_name(config.backend))
         extra = self.extra_args(context, config)
         pod = build_stage_pod(config, run, stage_container(config, run, self.stage, extra))
-        from trainyard.backends.base import StageFailed
-
         try:
             result = self._launcher.run_pod(pod, self.log)
         except StageFailed as exc:

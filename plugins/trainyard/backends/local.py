@@ -250,13 +250,17 @@ class JobMonitor(threading.Thread):
         self.replicas, self.budget, self.log, self.on_fatal = replicas, budget, log, on_fatal
         self.restarts = 0
         self.fatal: str | None = None
+        self._finished: set[str] = set()
         self._stopping = threading.Event()
 
     def run(self) -> None:
         while not self._stopping.wait(self.POLL_SECONDS):
             for proc in self.replicas:
                 code = proc.process.poll() if proc.process else None
-                if code is None or self._stopping.is_set():
+                if code is None or self._stopping.is_set() or proc.name in self._finished:
+                    continue
+                if code == 0:  # a multi_worker_mirrored worker that finished its steps: not a loss
+                    self._finished.add(proc.name)
                     continue
                 if proc.role == "worker" and self.restarts < self.budget:
                     self.restarts += 1
