@@ -26,6 +26,9 @@ PATH = re.compile(
 )
 
 
+DRAIN_CAP = 64 << 20  # beyond this an oversized request is cut off, not read
+
+
 class ApiError(Exception):
     def __init__(self, status: HTTPStatus, message: str):
         super().__init__(message)
@@ -118,6 +121,15 @@ def make_handler(registry: ModelRegistry, max_body_bytes: int) -> type[BaseHTTPR
                 log.exception("request failed")
                 self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {exc}"})
 
+        def _discard(self, size: int) -> None:
+            """Read and drop an oversized body (up to DRAIN_CAP) so the client can read our 413, not an EPIPE."""
+            left = min(size, DRAIN_CAP)
+            while left > 0:
+                chunk = self.rfile.read(min(left, 1 << 16))
+                if not chunk:
+                    break
+                left -= len(chunk)
+
         def do_GET(self) -> None:  # noqa: N802
             def answer() -> dict[str, Any]:
                 model, version, rest = self._route()
@@ -138,6 +150,7 @@ def make_handler(registry: ModelRegistry, max_body_bytes: int) -> type[BaseHTTPR
                 if size < 0:
                     raise ApiError(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
                 if size > max_body_bytes:
+                    self._discard(size)
                     self.close_connection = True
                     raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                    f"request body of {size} bytes is larger than the limit of {max_body_bytes}")
