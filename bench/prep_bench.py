@@ -30,7 +30,7 @@ print(rows / (time.perf_counter() - t), resource.getrusage(resource.RUSAGE_SELF)
 """
 
 
-def config_for(features: int):
+def config_for(features: int, chunk_rows: int):
     from trainyard.schema import PipelineConfig
 
     return PipelineConfig.model_validate({
@@ -38,7 +38,7 @@ def config_for(features: int):
         "data": {"source": "datasets/bench", "label": {"name": "label", "classes": [0, 1]},
                  "features": [{"name": "f_{i}", "count": features, "dtype": "float", "min": -100, "max": 100}],
                  "shards": {"train": 4, "eval": 1}},
-        "prep": {"chunk_rows": 50_000},
+        "prep": {"chunk_rows": chunk_rows},
     })
 
 
@@ -58,12 +58,12 @@ def run_stage(stage: str, volume: Path, run_dir: Path, config_json: str) -> dict
             "peak_rss_mb": usage.ru_maxrss / 1024}
 
 
-def measure(rows: int, features: int, root: Path) -> dict:
+def measure(rows: int, features: int, root: Path, chunk_rows: int) -> dict:
     from trainyard_prep.example_data import write_synthetic
 
     volume = root / f"v{rows}"
     (path,) = write_synthetic(volume / "datasets" / "bench", rows=rows, features=features, classes=2)
-    config_json = config_for(features).model_dump_json()
+    config_json = config_for(features, chunk_rows).model_dump_json()
     run_dir = volume / "runs" / "bench" / "r"
     validate = run_stage("validate", volume, run_dir, config_json)
     prepare = run_stage("prepare", volume, run_dir, config_json)
@@ -79,11 +79,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--features", type=int, default=16)
+    parser.add_argument("--chunk-rows", type=int, default=50_000, help="prep.chunk_rows (bounds memory)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        small = measure(args.rows, args.features, Path(tmp))
-        large = measure(args.rows * 10, args.features, Path(tmp))
-    print(f"prep bench: {args.features} float features + label, chunk_rows=50000")
+        small = measure(args.rows, args.features, Path(tmp), args.chunk_rows)
+        large = measure(args.rows * 10, args.features, Path(tmp), args.chunk_rows)
+    print(f"prep bench: {args.features} float features + label, chunk_rows={args.chunk_rows}")
     for r in (small, large):
         print(f"  {r['rows']:>9,} rows ({r['mb']:.0f} MB): validate {r['validate']['rows_per_second']:>9,.0f} rows/s "
               f"({r['validate']['wall']:.1f} s wall, peak {r['validate']['peak_rss_mb']:.0f} MB); "

@@ -53,3 +53,14 @@ def test_numeric_encoder_matches_protobuf_serializer() -> None:
     np.testing.assert_array_equal(parsed["count_of_things"].numpy(), frame["count_of_things"].to_numpy())
     np.testing.assert_array_equal(parsed["label"].numpy(), labels)
     np.testing.assert_allclose(parsed[features[2].name].numpy(), frame[features[2].name].to_numpy(np.float32))
+
+
+def test_single_layout_fast_path_matches_protobuf() -> None:
+    rng = np.random.default_rng(2)
+    features = [Feature(name=f"pixel_{i}", dtype="float") for i in range(5)]
+    frame = pd.DataFrame({f.name: rng.uniform(0, 16, size=50) for f in features})
+    labels = rng.integers(0, 10, size=50)  # every varint one byte: one layout for all rows
+    fast = NumericExampleEncoder(features, "digit").encode(frame, labels)
+    slow = ProtoExampleEncoder(features, "digit").encode(frame, labels)
+    assert len({len(record) for record in fast}) == 1
+    assert [tf.train.Example.FromString(a) for a in fast] == [tf.train.Example.FromString(b) for b in slow]

@@ -34,14 +34,18 @@ def varint_encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return groups, lengths
 
 
-def _put(flat: np.ndarray, positions: np.ndarray, data: np.ndarray) -> None:
-    """flat[positions[i] + j] = data[i, j] (or data[j] when data is 1-D) for every row i."""
-    width = data.shape[-1]
-    flat[positions[:, None] + np.arange(width)[None, :]] = data
+def _varint_bytes(value: int) -> bytes:
+    groups, lengths = varint_encode(np.array([value], dtype=np.int64))
+    return bytes(groups[0, : lengths[0]])
 
 
 class NumericExampleEncoder:
-    """Vectorised Example encoder for scalar float/int features and an int64 label."""
+    """Vectorised Example encoder for scalar float/int features and an int64 label.
+
+    Rows whose int values have the same varint lengths share one byte layout (with small labels and no int
+    features, that is every row). Per layout a template row is built once, then each column's value bytes are
+    written into a (rows, width) matrix with contiguous slice assignments, and the records are its rows.
+    """
 
     def __init__(self, features: Sequence[Feature], label: str):
         self.columns = [(f.name, f.dtype) for f in features] + [(label, "int")]
@@ -49,69 +53,71 @@ class NumericExampleEncoder:
             if len(name.encode()) > 100:
                 raise StageError(f"feature name {name[:20]}... is longer than 100 bytes")
 
+    def _column_values(self, frame: pd.DataFrame, labels: np.ndarray) -> list[np.ndarray]:
+        values = []
+        for index, (name, dtype) in enumerate(self.columns):
+            if dtype == "float":
+                values.append(frame[name].to_numpy(dtype=np.float32).astype("<f4").view(np.uint8).reshape(-1, 4))
+                continue
+            column = labels if index == len(self.columns) - 1 else frame[name]
+            if isinstance(column, pd.Series) and column.isna().any():
+                raise StageError(f"{name}: int feature has empty values; declare it as dtype float")
+            values.append(np.asarray(column, dtype=np.int64))
+        return values
+
     def encode(self, frame: pd.DataFrame, labels: np.ndarray) -> list[bytes]:
         n = len(frame)
         if n == 0:
             return []
-        segments: list[tuple[str, bytes, np.ndarray, Any]] = []
-        body = np.zeros(n, dtype=np.int64)
-        for name, dtype in self.columns:
+        values = self._column_values(frame, labels)
+        varints = {i: varint_encode(v) for i, v in enumerate(values) if v.dtype == np.int64}
+        lengths_by_row = np.stack([lengths for _, lengths in varints.values()], axis=1) if varints else (
+            np.zeros((n, 0), dtype=np.int64))
+        # one integer per row (4 bits per varint length, 1..10); usually every row has the same layout
+        keys = (lengths_by_row << (4 * np.arange(lengths_by_row.shape[1]))).sum(axis=1)
+        if (keys == keys[0]).all():
+            layouts, layout_of_row = lengths_by_row[:1], np.zeros(n, dtype=np.int64)
+        else:
+            _, first, layout_of_row = np.unique(keys, return_index=True, return_inverse=True)
+            layouts, layout_of_row = lengths_by_row[first], layout_of_row.reshape(-1)
+        records: list[bytes] = [b""] * n
+        for layout_index, layout in enumerate(layouts):
+            rows = np.flatnonzero(layout_of_row == layout_index)
+            lengths = dict(zip(varints, layout.tolist(), strict=True))
+            template, slots = self._template(lengths)
+            matrix = np.broadcast_to(np.frombuffer(template, dtype=np.uint8), (len(rows), len(template))).copy()
+            for column, (offset, width) in slots.items():
+                if column in varints:
+                    matrix[:, offset : offset + width] = varints[column][0][rows, :width]
+                else:
+                    matrix[:, offset : offset + width] = values[column][rows]
+            view = memoryview(matrix).cast("B")
+            width = len(template)
+            for position, row in enumerate(rows.tolist()):
+                records[row] = view[position * width : (position + 1) * width].tobytes()
+        return records
+
+    def _template(self, varint_lengths: dict[int, int]) -> tuple[bytes, dict[int, tuple[int, int]]]:
+        """The bytes of one record with zeroed values, and where each column's value bytes go."""
+        body = bytearray()
+        slots: dict[int, tuple[int, int]] = {}
+        for index, (name, dtype) in enumerate(self.columns):
             key = name.encode()
             if dtype == "float":
-                values = frame[name].to_numpy(dtype=np.float32)
-                # entry: 0A len | 0A klen key | 12 08 | 12 06 | 0A 04 f32
-                entry_len = 2 + len(key) + 2 + 8
-                prefix = bytes([0x0A, entry_len, 0x0A, len(key)]) + key + bytes([0x12, 0x08, 0x12, 0x06, 0x0A, 0x04])
-                segments.append(("float", prefix, values.astype("<f4").view(np.uint8).reshape(n, 4), None))
-                body += len(prefix) + 4
+                # entry: 0A len | 0A klen key | 12 08 | 12 06 | 0A 04 <f32>
+                body += bytes([0x0A, 2 + len(key) + 2 + 8, 0x0A, len(key)]) + key
+                body += bytes([0x12, 0x08, 0x12, 0x06, 0x0A, 0x04])
+                slots[index] = (len(body), 4)
+                body += bytes(4)
             else:
-                column = labels if name == self.columns[-1][0] else frame[name]
-                if isinstance(column, pd.Series) and column.isna().any():
-                    raise StageError(f"{name}: int feature has empty values; declare it as dtype float")
-                groups, lengths = varint_encode(np.asarray(column, dtype=np.int64))
-                # entry: 0A len | 0A klen key | 12 (4+vl) | 1A (2+vl) | 0A vl | varint
-                segments.append(("int", key, groups, lengths))
-                body += 2 + 2 + len(key) + 2 + 2 + 2 + lengths
-        header_groups, header_lengths = varint_encode(body)
-        totals = 1 + header_lengths + body
-        ends = np.cumsum(totals)
-        starts = ends - totals
-        flat = np.zeros(int(ends[-1]), dtype=np.uint8)
-        flat[starts] = 0x0A
-        cursor = starts + 1
-        self._put_varint(flat, cursor, header_groups, header_lengths)
-        cursor = cursor + header_lengths
-        for kind, head, data, lengths in segments:
-            if kind == "float":
-                _put(flat, cursor, np.frombuffer(head, dtype=np.uint8))
-                cursor = cursor + len(head)
-                _put(flat, cursor, data)
-                cursor = cursor + 4
-            else:
-                key = head
-                klen = len(key)
-                flat[cursor] = 0x0A
-                flat[cursor + 1] = (2 + klen + 2 + 4 + lengths).astype(np.uint8)
-                flat[cursor + 2] = 0x0A
-                flat[cursor + 3] = klen
-                _put(flat, cursor + 4, np.frombuffer(key, dtype=np.uint8))
-                at = cursor + 4 + klen
-                flat[at] = 0x12
-                flat[at + 1] = (4 + lengths).astype(np.uint8)
-                flat[at + 2] = 0x1A
-                flat[at + 3] = (2 + lengths).astype(np.uint8)
-                flat[at + 4] = 0x0A
-                flat[at + 5] = lengths.astype(np.uint8)
-                self._put_varint(flat, at + 6, data, lengths)
-                cursor = at + 6 + lengths
-        view = memoryview(flat)
-        return [view[s:e].tobytes() for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
-
-    @staticmethod
-    def _put_varint(flat: np.ndarray, positions: np.ndarray, groups: np.ndarray, lengths: np.ndarray) -> None:
-        for j in range(int(lengths.max())):
-            rows = lengths > j
-            flat[positions[rows] + j] = groups[rows, j]
+                vl = varint_lengths[index]
+                # entry: 0A len | 0A klen key | 12 (4+vl) | 1A (2+vl) | 0A vl | <varint>
+                body += bytes([0x0A, 2 + len(key) + 2 + 4 + vl, 0x0A, len(key)]) + key
+                body += bytes([0x12, 4 + vl, 0x1A, 2 + vl, 0x0A, vl])
+                slots[index] = (len(body), vl)
+                body += bytes(vl)
+        header = b"\x0a" + _varint_bytes(len(body))
+        return header + bytes(body), {c: (offset + len(header), w) for c, (offset, w) in slots.items()}
 
 
 class ProtoExampleEncoder:

@@ -97,7 +97,6 @@ def prepare(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> 
     class_index = {value: i for i, value in enumerate(label.classes)}
     columns = [f.name for f in features] + [label.name]
     split = data.split
-    progress = Progress("prepare")
     stats = RunningStats(numeric)
     label_counts = {"train": np.zeros(len(label.classes), dtype=np.int64),
                     "eval": np.zeros(len(label.classes), dtype=np.int64)}
@@ -112,6 +111,7 @@ def prepare(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> 
         }
         shard_rows = {name: [0] * len(paths) for name, paths in writers.items()}
         with encoder.open_writers([p for paths in writers.values() for p in paths]) as sinks:
+            progress = Progress("prepare")  # started after TensorFlow is loaded: rows/s of the work itself
             sink_of = {"train": sinks[: data.shards.train], "eval": sinks[data.shards.train :]}
             for entry in manifest["files"]:
                 path = run_dir / entry["snapshot"]
