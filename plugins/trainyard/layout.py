@@ -45,8 +45,5 @@ class RunLayout:
             raise ValueError(f"unknown run sub-folder {name!r}; known: {', '.join(RUN_SUBDIRS)}")
         return self.run_dir / name
 
-    def dataset_dir(self, source: str) -> PurePosixPath:
-        return self.root / source
-
     def models_dir(self, model_name: str) -> PurePosixPath:
         return self.root / "models" / model_name
