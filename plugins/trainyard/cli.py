@@ -204,6 +204,21 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_render(args: argparse.Namespace) -> int:
+    try:
+        config = load_pipeline_file(find_pipeline_file(settings.pipelines_dir(), args.pipeline))
+    except ConfigError as exc:
+        print("\n".join(exc.lines), file=sys.stderr)
+        return EXIT_FAILED
+    from trainyard.render import render_run, write_manifests
+
+    run_id = args.run_id or f"manual__{dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()}"
+    manifests = render_run(config, run_id)
+    paths = write_manifests(manifests, Path(args.out))
+    print(f"trainyard render: {len(paths)} manifest(s) for run {run_id} of {config.name} in {args.out}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="trainyard", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
@@ -233,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("pipeline")
     predict.add_argument("--rest-port", type=int, default=8501)
     predict.set_defaults(func=cmd_predict)
+    render = commands.add_parser("render", help="write every Kubernetes manifest one run would create, as YAML")
+    render.add_argument("pipeline")
+    render.add_argument("--run-id", help="the Airflow run id to render for (default: a manual run now)")
+    render.add_argument("--out", default="rendered", help="output folder (default: ./rendered)")
+    render.set_defaults(func=cmd_render)
     return root
 
 

@@ -14,7 +14,7 @@ import re
 from kubernetes.client import models as k8s
 
 from trainyard.layout import run_key
-from trainyard.schema import PipelineConfig, Resources
+from trainyard.schema import GpuTier, PipelineConfig, Resources
 from trainyard.stages import XCOM_DIR, ContainerSpec, RunContext
 
 VOLUME_NAME = "trainyard-data"
@@ -100,6 +100,8 @@ def build_pod(
     read_only_volume: bool = False,
     hostname: str | None = None,
     subdomain: str | None = None,
+    priority_class: str | None = None,
+    tolerations: list[dict[str, str]] | None = None,
 ) -> k8s.V1Pod:
     """One pod for one container of a stage."""
     volume = config.kubernetes.volume
@@ -130,6 +132,8 @@ def build_pod(
         spec=k8s.V1PodSpec(
             hostname=hostname,
             subdomain=subdomain,
+            priority_class_name=priority_class,
+            tolerations=[k8s.V1Toleration(**t) for t in tolerations] if tolerations else None,
             restart_policy="Never",
             service_account_name=config.kubernetes.service_account,
             automount_service_account_token=False,
@@ -164,22 +168,126 @@ def build_stage_pod(config: PipelineConfig, run: RunContext, spec: ContainerSpec
     return build_pod(config, run, spec, name=name)
 
 
-def worker_node_selector(config: PipelineConfig) -> dict[str, str]:
-    """The GPU pool plus the GPU tier picked by `training.gpu_tier`, else by `training.priority`."""
+def gpu_tier(config: PipelineConfig) -> GpuTier | None:
+    """The tier named by `training.gpu_tier`, else the one `training.priority` maps to."""
     k8s_config = config.kubernetes
     tier_name = config.training.gpu_tier or k8s_config.tier_by_priority.get(config.training.priority)
-    tier = k8s_config.gpu_tiers.get(tier_name) if tier_name else None
-    return {**k8s_config.node_pools.gpu, **(tier.node_selector if tier else {})}
+    return k8s_config.gpu_tiers.get(tier_name) if tier_name else None
+
+
+def worker_node_selector(config: PipelineConfig) -> dict[str, str]:
+    """The GPU pool plus the GPU tier's node selector."""
+    tier = gpu_tier(config)
+    return {**config.kubernetes.node_pools.gpu, **(tier.node_selector if tier else {})}
 
 
 def build_job_pods(config: PipelineConfig, run: RunContext, specs: list[ContainerSpec], job: str) -> list[k8s.V1Pod]:
     """One pod per replica, named `<job>-<role>-<i>` with hostname/subdomain so TF_CONFIG's DNS names resolve
     through the job's headless Service; GPU workers go to the GPU pool, chief and PS to CPU nodes."""
+    tier = gpu_tier(config)
     pods = []
     for spec in specs:
         index = int(spec.labels["trainyard/index"])
         name = f"{job}-{spec.role}-{index}"
-        selector = worker_node_selector(config) if spec.role == "worker" and spec.resources.gpu else None
-        pods.append(build_pod(config, run, spec, name=name, index=index, node_selector=selector,
-                              hostname=name, subdomain=job))
+        on_gpu = spec.role == "worker" and spec.resources.gpu > 0
+        pods.append(build_pod(config, run, spec, name=name, index=index,
+                              node_selector=worker_node_selector(config) if on_gpu else None,
+                              hostname=name, subdomain=job,
+                              priority_class=tier.priority_class if tier else None,  # the whole job, PS included
+                              tolerations=tier.tolerations if tier and on_gpu else None))
     return pods
+
+
+def build_headless_service(config: PipelineConfig, run: RunContext, job: str) -> k8s.V1Service:
+    """The Service that gives each replica pod its `<pod>.<job>.<ns>.svc` DNS name (clusterIP: None)."""
+    return k8s.V1Service(
+        api_version="v1",
+        kind="Service",
+        metadata=k8s.V1ObjectMeta(
+            name=job,
+            namespace=config.kubernetes.namespace,
+            labels={"app.kubernetes.io/managed-by": "trainyard", "trainyard/pipeline": label_value(config.name),
+                    "trainyard/run": label_value(run_key(run.run_id)), "trainyard/stage": "train"},
+        ),
+        spec=k8s.V1ServiceSpec(
+            cluster_ip="None",
+            publish_not_ready_addresses=True,
+            selector={"trainyard/pipeline": label_value(config.name), "trainyard/run": label_value(run_key(run.run_id)),
+                      "trainyard/stage": "train"},
+            ports=[k8s.V1ServicePort(name="grpc", port=config.training.port, target_port=config.training.port)],
+        ),
+    )
+
+
+def serving_labels(config: PipelineConfig) -> dict[str, str]:
+    return {"app.kubernetes.io/managed-by": "trainyard", "app.kubernetes.io/name": "tensorflow-serving",
+            "trainyard/model": label_value(config.model_name)}
+
+
+def build_serving_deployment(config: PipelineConfig) -> k8s.V1Deployment:
+    """TF Serving (the official image) on the CPU serving pool, reading `models/<model>` from the volume read-only."""
+    deploy, volume = config.deploy, config.kubernetes.volume
+    labels = serving_labels(config)
+    probe = k8s.V1Probe(http_get=k8s.V1HTTPGetAction(path=f"/v1/models/{config.model_name}", port=deploy.rest_port),
+                        period_seconds=10, failure_threshold=3)
+    container = k8s.V1Container(
+        name="tensorflow-serving",
+        image=deploy.image,
+        args=[f"--model_name={config.model_name}",
+              f"--model_base_path={volume.mount_path}/models/{config.model_name}",
+              f"--port={deploy.grpc_port}", f"--rest_api_port={deploy.rest_port}",
+              "--file_system_poll_wait_seconds=1"],
+        ports=[k8s.V1ContainerPort(name="grpc", container_port=deploy.grpc_port),
+               k8s.V1ContainerPort(name="rest", container_port=deploy.rest_port)],
+        resources=resource_requirements(deploy.resources),
+        security_context=restricted_security_context(),
+        readiness_probe=probe,
+        liveness_probe=k8s.V1Probe(tcp_socket=k8s.V1TCPSocketAction(port=deploy.grpc_port), period_seconds=20,
+                                   initial_delay_seconds=10),
+        volume_mounts=[k8s.V1VolumeMount(name=VOLUME_NAME, mount_path=volume.mount_path, read_only=True),
+                       k8s.V1VolumeMount(name=SCRATCH_NAME, mount_path=SCRATCH_PATH)],
+    )
+    return k8s.V1Deployment(
+        api_version="apps/v1",
+        kind="Deployment",
+        metadata=k8s.V1ObjectMeta(name=f"{config.model_name}-serving", namespace=config.kubernetes.namespace,
+                                  labels=labels),
+        spec=k8s.V1DeploymentSpec(
+            replicas=deploy.replicas,
+            selector=k8s.V1LabelSelector(match_labels=labels),
+            template=k8s.V1PodTemplateSpec(
+                metadata=k8s.V1ObjectMeta(labels=labels),
+                spec=k8s.V1PodSpec(
+                    service_account_name=config.kubernetes.service_account,
+                    automount_service_account_token=False,
+                    node_selector=dict(deploy.node_selector or config.kubernetes.node_pools.cpu) or None,
+                    security_context=k8s.V1PodSecurityContext(
+                        run_as_non_root=True, run_as_user=RUN_AS_USER, fs_group=RUN_AS_USER,
+                        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
+                    containers=[container],
+                    volumes=[
+                        k8s.V1Volume(name=VOLUME_NAME, persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
+                            claim_name=volume.claim, read_only=True)),
+                        k8s.V1Volume(name=SCRATCH_NAME, empty_dir=k8s.V1EmptyDirVolumeSource()),
+                    ],
+                ),
+            ),
+        ),
+    )
+
+
+def build_serving_service(config: PipelineConfig) -> k8s.V1Service:
+    """ClusterIP Service in front of TF Serving: `<model>.<ns>.svc:8500` (gRPC) and `:8501` (REST)."""
+    deploy = config.deploy
+    return k8s.V1Service(
+        api_version="v1",
+        kind="Service",
+        metadata=k8s.V1ObjectMeta(name=config.model_name, namespace=config.kubernetes.namespace,
+                                  labels=serving_labels(config)),
+        spec=k8s.V1ServiceSpec(
+            type="ClusterIP",
+            selector=serving_labels(config),
+            ports=[k8s.V1ServicePort(name="grpc", port=deploy.grpc_port, target_port=deploy.grpc_port),
+                   k8s.V1ServicePort(name="rest", port=deploy.rest_port, target_port=deploy.rest_port)],
+        ),
+    )
