@@ -19,8 +19,19 @@ from trainyard.config_loader import (
     load_pipeline_file,
     pipeline_files,
 )
+from trainyard.schema import PipelineConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def load_named(name: str) -> tuple[PipelineConfig, Path] | None:
+    """The config of pipeline `name` from the pipelines folder and its path, or None after printing the errors."""
+    try:
+        path = find_pipeline_file(settings.pipelines_dir(), name)
+        return load_pipeline_file(path), path
+    except ConfigError as exc:
+        print("\n".join(exc.lines), file=sys.stderr)
+        return None
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -57,12 +68,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not isinstance(conf, dict):
         print("trainyard run: --conf must be a JSON object, e.g. '{\"steps\": 100}'", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        path = find_pipeline_file(settings.pipelines_dir(), args.pipeline)
-        config = load_pipeline_file(path)
-    except ConfigError as exc:
-        print("\n".join(exc.lines), file=sys.stderr)
+    loaded = load_named(args.pipeline)
+    if loaded is None:
         return EXIT_FAILED
+    config, path = loaded
     from trainyard.dag_factory import build_dag
     from trainyard.layout import run_key
 
@@ -172,11 +181,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
 
-    try:
-        config = load_pipeline_file(find_pipeline_file(settings.pipelines_dir(), args.pipeline))
-    except ConfigError as exc:
-        print("\n".join(exc.lines), file=sys.stderr)
+    loaded = load_named(args.pipeline)
+    if loaded is None:
         return EXIT_FAILED
+    config = loaded[0]
     runs = sorted((settings.data_dir() / "runs" / config.name).glob("*/eval/smoke.json"),
                   key=lambda p: p.stat().st_mtime)
     if not runs:
@@ -205,11 +213,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    try:
-        config = load_pipeline_file(find_pipeline_file(settings.pipelines_dir(), args.pipeline))
-    except ConfigError as exc:
-        print("\n".join(exc.lines), file=sys.stderr)
+    loaded = load_named(args.pipeline)
+    if loaded is None:
         return EXIT_FAILED
+    config = loaded[0]
     from trainyard.render import render_run, write_manifests
 
     run_id = args.run_id or f"manual__{dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 RUN_SUBDIRS = ("inputs", "validation", "prepared", "cluster", "checkpoints", "model", "tensorboard", "eval", "deploy")
 
@@ -47,3 +47,10 @@ class RunLayout:
 
     def models_dir(self, model_name: str) -> PurePosixPath:
         return self.root / "models" / model_name
+
+
+def published_versions(model_dir: Path) -> list[int]:
+    """The integer version folders under `models/<name>/`, ascending; temporary and removed ones are hidden."""
+    if not model_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.name.isdigit())

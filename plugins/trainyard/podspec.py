@@ -54,6 +54,12 @@ def pod_labels(config: PipelineConfig, run: RunContext, spec: ContainerSpec, ind
     return labels
 
 
+def job_selector(config: PipelineConfig, run: RunContext) -> dict[str, str]:
+    """The labels every replica pod of a run's training job carries (the headless Service selects on them)."""
+    return {"trainyard/pipeline": label_value(config.name), "trainyard/run": label_value(run_key(run.run_id)),
+            "trainyard/stage": "train"}
+
+
 def resource_requirements(resources: Resources) -> k8s.V1ResourceRequirements:
     requests = {"cpu": resources.cpu, "memory": resources.memory}
     limits = {"memory": resources.memory_limit or resources.memory}
@@ -72,6 +78,15 @@ def restricted_security_context() -> k8s.V1SecurityContext:
         allow_privilege_escalation=False,
         read_only_root_filesystem=True,
         capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def restricted_pod_security_context() -> k8s.V1PodSecurityContext:
+    return k8s.V1PodSecurityContext(
+        run_as_non_root=True,
+        run_as_user=RUN_AS_USER,
+        fs_group=RUN_AS_USER,
         seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
     )
 
@@ -141,12 +156,7 @@ def build_pod(
             or None,
             image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.kubernetes.image_pull_secrets]
             or None,
-            security_context=k8s.V1PodSecurityContext(
-                run_as_non_root=True,
-                run_as_user=RUN_AS_USER,
-                fs_group=RUN_AS_USER,
-                seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
-            ),
+            security_context=restricted_pod_security_context(),
             containers=[container],
             volumes=[
                 k8s.V1Volume(
@@ -206,14 +216,12 @@ def build_headless_service(config: PipelineConfig, run: RunContext, job: str) ->
         metadata=k8s.V1ObjectMeta(
             name=job,
             namespace=config.kubernetes.namespace,
-            labels={"app.kubernetes.io/managed-by": "trainyard", "trainyard/pipeline": label_value(config.name),
-                    "trainyard/run": label_value(run_key(run.run_id)), "trainyard/stage": "train"},
+            labels={"app.kubernetes.io/managed-by": "trainyard", **job_selector(config, run)},
         ),
         spec=k8s.V1ServiceSpec(
             cluster_ip="None",
             publish_not_ready_addresses=True,
-            selector={"trainyard/pipeline": label_value(config.name), "trainyard/run": label_value(run_key(run.run_id)),
-                      "trainyard/stage": "train"},
+            selector=job_selector(config, run),
             ports=[k8s.V1ServicePort(name="grpc", port=config.training.port, target_port=config.training.port)],
         ),
     )
@@ -261,9 +269,7 @@ def build_serving_deployment(config: PipelineConfig) -> k8s.V1Deployment:
                     service_account_name=config.kubernetes.service_account,
                     automount_service_account_token=False,
                     node_selector=dict(deploy.node_selector or config.kubernetes.node_pools.cpu) or None,
-                    security_context=k8s.V1PodSecurityContext(
-                        run_as_non_root=True, run_as_user=RUN_AS_USER, fs_group=RUN_AS_USER,
-                        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
+                    security_context=restricted_pod_security_context(),
                     containers=[container],
                     volumes=[
                         k8s.V1Volume(name=VOLUME_NAME, persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(

@@ -35,6 +35,7 @@ from tensorflow_serving.apis import (
 )
 
 from trainyard.atomic import write_json
+from trainyard.layout import published_versions
 from trainyard.schema import PipelineConfig
 from trainyard.stage_runtime import StageError, log
 
@@ -58,10 +59,6 @@ def model_lock(model_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def versions(model_dir: Path) -> list[int]:
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.name.isdigit()) if model_dir.is_dir() else []
-
-
 def link_tree(source: Path, target: Path) -> str:
     """Recreate `source` under `target` with hardlinks (copies only across filesystems)."""
     how = "hardlink"
@@ -82,7 +79,7 @@ def publish(model_dir: Path, saved_model: Path, metadata: dict[str, Any]) -> int
     if not (saved_model / "saved_model.pb").is_file():
         raise StageError(f"{saved_model} holds no saved_model.pb: did the train task export the model?")
     with model_lock(model_dir):
-        version = (versions(model_dir) or [0])[-1] + 1
+        version = (published_versions(model_dir) or [0])[-1] + 1
         staging = model_dir / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
         try:
             how = link_tree(saved_model, staging)

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainyard.atomic import staged_dir, write_json
+from trainyard.layout import published_versions
 from trainyard.schema import PipelineConfig
 from trainyard_trainer.data import feature_spec, shard_files
 from trainyard_trainer.metrics import HIGHER_IS_BETTER, classification_metrics, confusion_matrix
@@ -25,13 +26,11 @@ SMOKE_EXAMPLES = 16
 
 def champion(models_dir: Path) -> dict[str, Any] | None:
     """The served version (the highest published one) and its published metadata."""
-    if not models_dir.is_dir():
-        return None
-    published = sorted((int(p.name), p) for p in models_dir.iterdir() if p.name.isdigit())
+    published = published_versions(models_dir)
     if not published:
         return None
-    version, path = published[-1]
-    meta_path = path / "trainyard.json"
+    version = published[-1]
+    meta_path = models_dir / str(version) / "trainyard.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     return {"version": version, "metrics": meta.get("metrics", {}), "run_id": meta.get("run_id"),
             "data_window_end": meta.get("data_window_end")}
