@@ -7,7 +7,7 @@ export TRAINYARD_DATA_DIR ?= $(ROOT)/data
 export PATH := $(VENV)/bin:$(PATH)
 PIPELINE ?= digits
 
-.PHONY: bootstrap demo data serve stop test unit integration lint check ui bench clean
+.PHONY: bootstrap demo data serve stop test unit integration cluster-test lint check ui bench clean
 
 bootstrap:
 	@VENV=$(VENV) scripts/bootstrap.sh
@@ -42,6 +42,10 @@ unit: bootstrap
 
 integration: bootstrap
 	python -m pytest tests/integration
+
+# the example pipeline on a real cluster: TRAINYARD_KUBE_TEST=1 KUBECONFIG=~/.kube/config make cluster-test
+cluster-test: bootstrap
+	python -m pytest tests/cluster
 
 ui: bootstrap
 	airflow standalone

@@ -13,7 +13,7 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
 from trainyard.config_loader import display_path, find_pipeline_file, load_pipeline_file
-from trainyard.operators import DecideOperator, StageOperator, TrainJobOperator
+from trainyard.operators import DecideOperator, StageOperator, TrainJobOperator, TrainTeardownOperator
 from trainyard.params import build_params
 from trainyard.schema import PipelineConfig
 from trainyard.settings import pipelines_dir
@@ -27,11 +27,14 @@ STAGES = (
     ("deploy", "deploy", "Publish version N+1, wait until AVAILABLE, smoke-test Predict, roll back on failure."),
 )
 
+TEARDOWN_DOC = "Deletes any replica pod or Service of this run's training job left behind (runs whatever train did)."
+
 
 def render_doc(config: PipelineConfig, source: str) -> str:
     data, training = config.data, config.training
     window = f"the last {data.window.days} day(s)" if data.window else "every partition up to the run's end"
     rows = "\n".join(f"| `{task_id}` | {what} |" for task_id, _, what in STAGES)
+    rows += f"\n| `teardown_train` | {TEARDOWN_DOC} |"
     return f"""### {config.name}
 
 {config.description or "A Trainyard pipeline."}
@@ -77,6 +80,7 @@ def build_dag(config: PipelineConfig, source: str = "") -> DAG:
             if stage == "train":
                 task = TrainJobOperator(task_id=task_id, config=config, doc_md=what,
                                         execution_timeout=dt.timedelta(hours=12))
+                task >> TrainTeardownOperator(task_id="teardown_train", config=config, doc_md=TEARDOWN_DOC)
             elif stage == "decide":
                 task = DecideOperator(task_id=task_id, config=config, doc_md=what)
                 skip = EmptyOperator(task_id="skip_deploy", doc_md="The model did not earn a deploy (see decide).")

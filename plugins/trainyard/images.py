@@ -11,6 +11,7 @@ import sys
 LOCAL_IMAGE_MODULES: dict[str, str] = {
     "trainyard/prep": "trainyard_prep",
     "trainyard/trainer": "trainyard_trainer",
+    "trainyard/evaluate": "trainyard_trainer",
     "trainyard/serving": "trainyard_serving",
 }
 

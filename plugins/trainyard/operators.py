@@ -53,11 +53,11 @@ class StageOperator(BaseOperator):
 
         config = apply_overrides(self.config, context["params"])
         run = run_context(context, config.name)
-        self._launcher = launcher_for(backend_name(config.backend))
+        self._launcher = launcher_for(backend_name(config.backend), config)
         extra = self.extra_args(context, config)
         pod = build_stage_pod(config, run, stage_container(config, run, self.stage, extra))
         try:
-            result = self._launcher.run_pod(pod, self.log)
+            result = self._launcher.run_pod(pod, self.log, context)
         except StageFailed as exc:
             if not exc.retryable:
                 hint = "(bad input: not retried; fix the data or config and re-run)"
@@ -117,11 +117,33 @@ class TrainJobOperator(StageOperator):
 
         config = apply_overrides(self.config, context["params"])
         run = run_context(context, config.name)
-        self._launcher = launcher_for(backend_name(config.backend))
+        self._launcher = launcher_for(backend_name(config.backend), config)
         try:
-            result = launch_training(config, run, self._launcher, self.log)
+            result = launch_training(config, run, self._launcher, self.log, context)
         except StageFailed as exc:
             if not exc.retryable:
                 raise AirflowFailException(f"{exc}\n(bad config: not retried; fix training.model and re-run)") from exc
             raise
         return result
+
+
+class TrainTeardownOperator(BaseOperator):
+    """Runs after `train` whatever its outcome (trigger rule all_done): deletes replica pods and the headless
+    Service a lost training task could not (its worker died with SIGKILL, or the node went away)."""
+
+    ui_color = "#eaeded"
+
+    def __init__(self, *, config: PipelineConfig, **kwargs: Any):
+        super().__init__(trigger_rule="all_done", **kwargs)
+        self.config = config
+
+    def execute(self, context: Any) -> int:
+        from trainyard.backends import launcher_for
+        from trainyard.cluster_spec import job_name
+        from trainyard.layout import run_key
+        from trainyard.podspec import job_selector
+
+        run = run_context(context, self.config.name)
+        launcher = launcher_for(backend_name(self.config.backend), self.config)
+        return launcher.cleanup_job(job_selector(self.config, run), job_name(self.config.name, run_key(run.run_id)),
+                                    self.log)

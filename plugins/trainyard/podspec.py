@@ -282,6 +282,11 @@ def build_serving_deployment(config: PipelineConfig) -> k8s.V1Deployment:
     )
 
 
+def serving_address(config: PipelineConfig) -> str:
+    """The in-cluster gRPC address of the model's Service (what the deploy stage talks to)."""
+    return f"{config.model_name}.{config.kubernetes.namespace}.svc:{config.deploy.grpc_port}"
+
+
 def build_serving_service(config: PipelineConfig) -> k8s.V1Service:
     """ClusterIP Service in front of TF Serving: `<model>.<ns>.svc:8500` (gRPC) and `:8501` (REST)."""
     deploy = config.deploy

@@ -20,6 +20,7 @@ from trainyard.podspec import (
     build_serving_deployment,
     build_serving_service,
     build_stage_pod,
+    serving_address,
 )
 from trainyard.schema import PipelineConfig
 from trainyard.stages import RunContext, stage_container, train_containers, train_replicas
@@ -29,7 +30,7 @@ SINGLE_POD_STAGES = ("validate", "prepare", "check_model", "evaluate", "decide",
 
 def render_run(config: PipelineConfig, run_id: str, window_end: dt.datetime | None = None) -> list[dict[str, Any]]:
     run = RunContext(pipeline=config.name, run_id=run_id, data_interval_end=window_end)
-    serving = f"{config.model_name}.{config.kubernetes.namespace}.svc:{config.deploy.grpc_port}"
+    serving = serving_address(config)
     objects: list[Any] = []
     for stage in SINGLE_POD_STAGES:
         extra = ("--endpoint", serving) if stage == "deploy" else ()

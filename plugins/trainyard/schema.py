@@ -257,7 +257,7 @@ class ChangeThreshold(Strict):
 
 
 class EvaluationConfig(Strict):
-    image: ImageRef = "trainyard/trainer:0.1.0"
+    image: ImageRef = "trainyard/evaluate:0.1.0"  # the trainer's package on a CPU base
     resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
     metrics: list[Literal["accuracy", "loss", "auc", "precision", "recall"]] = ["accuracy", "loss"]
     thresholds: dict[str, Threshold] = {}
@@ -309,6 +309,10 @@ class KubernetesConfig(Strict):
     tier_by_priority: dict[Literal["high", "low"], str] = {}
     image_pull_secrets: list[K8sName] = []
     secrets: list[SecretRef] = []
+    connection_id: str = Field("kubernetes_default", min_length=1,
+                               description="the Airflow Kubernetes connection (in-cluster or a kubeconfig)")
+    startup_timeout_seconds: int = Field(600, ge=10, le=86_400,
+                                         description="how long a pod may stay Pending before its stage fails")
 
 
 class PipelineConfig(Strict):

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +57,25 @@ def load_config() -> PipelineConfig:
     return PipelineConfig.model_validate_json(raw)
 
 
+RESULT_MARKER = "::trainyard-result::"
+
+
 def write_result(path: Path | None, payload: dict[str, Any]) -> None:
+    """Write the stage's small JSON result to `path` (KubernetesPodOperator's return.json) and print it once as
+    a marker line, so a launcher that only sees the pod's log (a training job's chief) can read it too."""
     if path is not None:
         write_json(path, payload)
+    print(f"{RESULT_MARKER}{json.dumps(payload, sort_keys=True, default=str)}", flush=True)
+
+
+def result_from_log(lines: Iterable[str]) -> dict[str, Any] | None:
+    """The last result marker in a pod's log lines (timestamps or prefixes before the marker are ignored)."""
+    found = None
+    for line in lines:
+        at = line.find(RESULT_MARKER)
+        if at >= 0:
+            found = json.loads(line[at + len(RESULT_MARKER):])
+    return found
 
 
 def relative_to_volume(volume: Path, path: Path) -> str:

@@ -48,9 +48,11 @@ def test_dag_carries_params_docs_tags_owner(pipelines_dir: Path) -> None:
 
     dag = dag_from_config("digits")
     assert dag.dag_id == "digits"
-    assert [t.task_id for t in dag.tasks] == ["validate_data", "prepare_data", "train", "evaluate", "decide",
-                                              "skip_deploy", "deploy"]
+    assert [t.task_id for t in dag.tasks] == ["validate_data", "prepare_data", "train", "teardown_train",
+                                              "evaluate", "decide", "skip_deploy", "deploy"]
     assert dag.get_task("train").upstream_task_ids == {"prepare_data"}
+    assert dag.get_task("train").downstream_task_ids == {"evaluate", "teardown_train"}
+    assert dag.get_task("teardown_train").trigger_rule == "all_done"
     assert dag.get_task("decide").downstream_task_ids == {"deploy", "skip_deploy"}
     assert dag.get_task("prepare_data").upstream_task_ids == {"validate_data"}
     assert {"trainyard", "example", "vision"} <= set(dag.tags)

@@ -6,17 +6,17 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trainyard.backends.base import Launcher
+    from trainyard.schema import PipelineConfig
 
 
-def launcher_for(name: str) -> Launcher:
-    """The launcher of backend `name` (imported lazily: the local backend never loads the Kubernetes client)."""
+def launcher_for(name: str, config: PipelineConfig) -> Launcher:
+    """The launcher of backend `name` (imported lazily: the local backend never loads the provider's operator)."""
     if name == "local":
         from trainyard.backends.local import LocalLauncher
 
         return LocalLauncher()
     if name == "kubernetes":
-        raise NotImplementedError(
-            "the kubernetes backend is not available in this Trainyard version yet; "
-            "unset TRAINYARD_BACKEND or set `backend: local` in the pipeline config"
-        )
+        from trainyard.backends.kubernetes import KubernetesLauncher
+
+        return KubernetesLauncher(config)
     raise ValueError(f"unknown backend {name!r}; use 'local' or 'kubernetes'")

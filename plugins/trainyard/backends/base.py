@@ -28,8 +28,10 @@ class StageFailed(Exception):
 
 
 class Launcher(Protocol):
-    def run_pod(self, pod: k8s.V1Pod, log: logging.Logger) -> dict[str, Any] | None:
-        """Run one pod to completion, streaming its output to `log`; return its XCom (return.json) or None."""
+    def run_pod(self, pod: k8s.V1Pod, log: logging.Logger, context: Any = None) -> dict[str, Any] | None:
+        """Run one pod to completion, streaming its output to `log`; return its result (XCom) or None.
+
+        `context` is the Airflow task context (the Kubernetes backend runs KubernetesPodOperator in it)."""
         ...
 
     def serving_endpoint(self, config: PipelineConfig) -> str:
@@ -41,8 +43,13 @@ class Launcher(Protocol):
         ...
 
     def run_job(self, pods: list[k8s.V1Pod], log: logging.Logger, restart_budget: int,
-                logs_dir: str) -> dict[str, Any] | None:
-        """Run a training job until its chief ends; stop and reap every replica; return the chief's XCom."""
+                logs_dir: str, service: k8s.V1Service | None = None) -> dict[str, Any] | None:
+        """Run a training job (its headless `service` first, where DNS needs one) until its chief ends; stop and
+        reap every replica; return the chief's result."""
+        ...
+
+    def cleanup_job(self, selector: dict[str, str], service: str, log: logging.Logger) -> int:
+        """Remove whatever a lost training task left behind (the teardown task); return how many pods."""
         ...
 
     def kill(self) -> None:

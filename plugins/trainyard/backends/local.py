@@ -153,7 +153,7 @@ class LocalLauncher:
         self._running: list[LocalProcess] = []
         self._lock = threading.Lock()
 
-    def run_pod(self, pod: k8s.V1Pod, log: logging.Logger) -> dict[str, Any] | None:
+    def run_pod(self, pod: k8s.V1Pod, log: logging.Logger, context: Any = None) -> dict[str, Any] | None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="trainyard-pod-") as work:
             proc = LocalProcess(pod, self.data_dir, Path(work))
@@ -188,11 +188,12 @@ class LocalLauncher:
         return local_hosts({role: [free_port() for _ in range(replicas.count(role))] for role in ROLES})
 
     def run_job(self, pods: list[k8s.V1Pod], log: logging.Logger, restart_budget: int,
-                logs_dir: str) -> dict[str, Any] | None:
+                logs_dir: str, service: k8s.V1Service | None = None) -> dict[str, Any] | None:
         """Run a training job: PS and workers first, then the chief; the job's result is the chief's.
 
-        A worker that exits is restarted in place (same port, same TF_CONFIG) while the restart budget lasts;
-        a parameter server that exits fails the attempt at once (the retry resumes from the last checkpoint).
+        Local ports need no Service (`service` is ignored). A worker that exits is restarted in place (same
+        port, same TF_CONFIG) while the restart budget lasts; a parameter server that exits fails the attempt at
+        once (the retry resumes from the last checkpoint).
         When the chief ends, for any reason, every other replica is stopped and reaped.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -232,6 +233,12 @@ class LocalLauncher:
             if result is not None:
                 result["worker_restarts"] = monitor.restarts
             return result
+
+
+    def cleanup_job(self, selector: dict[str, str], service: str, log: logging.Logger) -> int:
+        """Nothing to sweep: replica processes are the training task's children, stopped when it ends."""
+        log.info("local backend: no pods to clean up for %s", service)
+        return 0
 
 
 def free_port() -> int:

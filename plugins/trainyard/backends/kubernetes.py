@@ -1,0 +1,115 @@
+"""The Kubernetes backend: the same pod specs as the local backend, launched in a cluster.
+
+Single-pod stages go through KubernetesPodOperator (kubernetes_stage.py), the training job through
+`KubernetesJob` (kubernetes_job.py), the serving objects through `ensure_serving` (kubernetes_serving.py). The
+cluster is reached through one Airflow connection (`kubernetes.connection_id`: in-cluster config or a kubeconfig);
+every client is passed in, so tests run the real code against autospec'd API objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from airflow.exceptions import AirflowException
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+from kubernetes.client import AppsV1Api, CoreV1Api
+from kubernetes.client import models as k8s
+from kubernetes.client.exceptions import ApiException
+
+from trainyard.backends.base import StageFailed
+from trainyard.backends.kubernetes_job import KubernetesJob, selector_of
+from trainyard.backends.kubernetes_serving import ensure_serving
+from trainyard.backends.kubernetes_stage import build_pod_operator
+from trainyard.cluster_spec import Replicas, kubernetes_hosts
+from trainyard.schema import PipelineConfig
+
+POLL_SECONDS = 2.0
+
+
+class KubernetesLauncher:
+    def __init__(self, config: PipelineConfig, *, hook: Any = None, core: CoreV1Api | None = None,
+                 apps: AppsV1Api | None = None, poll_seconds: float = POLL_SECONDS):
+        self.config = config
+        self.namespace = config.kubernetes.namespace
+        self.hook = hook if hook is not None else KubernetesHook(conn_id=config.kubernetes.connection_id)
+        self.core = core if core is not None else self.hook.core_v1_client
+        self.apps = apps if apps is not None else AppsV1Api(self.hook.api_client)
+        self.poll_seconds = poll_seconds
+        self._lock = threading.Lock()
+        self._operator: Any = None
+        self._job: KubernetesJob | None = None
+
+    def run_pod(self, pod: k8s.V1Pod, log: logging.Logger, context: Any = None) -> dict[str, Any] | None:
+        """Run one stage pod through KubernetesPodOperator inside the current task; return its result line."""
+        if context is None:
+            raise ValueError("the kubernetes backend runs stage pods inside an Airflow task (context required)")
+        operator = build_pod_operator(pod, self.config, task_id=context["ti"].task_id)
+        operator.__dict__["hook"] = self.hook  # the launcher's connection, not a second one per pod
+        operator.__dict__["client"] = self.core
+        with self._lock:
+            self._operator = operator
+        try:
+            operator.execute(context)
+        except AirflowException as exc:
+            raise StageFailed(f"pod {pod.metadata.name} failed: {exc}", operator.stage_exit_code) from exc
+        finally:
+            with self._lock:
+                self._operator = None
+        if operator.stage_exit_code not in (None, 0):
+            raise StageFailed(f"pod {pod.metadata.name} exited with code {operator.stage_exit_code}",
+                              operator.stage_exit_code)
+        return operator.stage_result
+
+    def serving_endpoint(self, config: PipelineConfig) -> str:
+        """Create or patch the model's TF Serving Deployment and Service; their in-cluster gRPC address."""
+        return ensure_serving(self.core, self.apps, config, logging.getLogger("trainyard.kubernetes"))
+
+    def cluster_hosts(self, job: str, namespace: str, port: int, replicas: Replicas) -> dict[str, list[str]]:
+        """`<job>-<role>-<i>.<job>.<namespace>.svc:<port>`, resolved through the job's headless Service."""
+        return kubernetes_hosts(job, namespace, port, replicas)
+
+    def run_job(self, pods: list[k8s.V1Pod], log: logging.Logger, restart_budget: int, logs_dir: str,
+                service: k8s.V1Service | None = None) -> dict[str, Any] | None:
+        """Run the training job's pods (and headless Service) until the chief ends; always tear them down.
+
+        Replica logs are read through the API into the task log (`logs_dir` is a volume path the Airflow worker
+        does not mount; the chief writes its own TensorBoard logs there)."""
+        selector = service.spec.selector if service is not None else pods[0].metadata.labels
+        job = KubernetesJob(self.core, self.namespace, log, restart_budget=restart_budget, selector=selector,
+                            startup_timeout=self.config.kubernetes.startup_timeout_seconds,
+                            poll_seconds=self.poll_seconds)
+        with self._lock:
+            self._job = job
+        try:
+            return job.run(pods, service)
+        finally:
+            with self._lock:
+                self._job = None
+
+    def cleanup_job(self, selector: dict[str, str], service: str, log: logging.Logger) -> int:
+        """The teardown task's sweep: delete any replica pod and the Service a lost task left behind."""
+        pods = self.core.list_namespaced_pod(namespace=self.namespace, label_selector=selector_of(selector)).items
+        for pod in pods:
+            self._ignore_404(self.core.delete_namespaced_pod, name=pod.metadata.name, namespace=self.namespace,
+                             body=k8s.V1DeleteOptions(grace_period_seconds=0, propagation_policy="Background"))
+        self._ignore_404(self.core.delete_namespaced_service, name=service, namespace=self.namespace)
+        log.info("teardown: deleted %d leftover pod(s) and Service %s (if present)", len(pods), service)
+        return len(pods)
+
+    @staticmethod
+    def _ignore_404(call: Any, **kwargs: Any) -> None:
+        try:
+            call(**kwargs)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def kill(self) -> None:
+        with self._lock:
+            operator, job = self._operator, self._job
+        if operator is not None:
+            operator.on_kill()
+        if job is not None:
+            job.kill()

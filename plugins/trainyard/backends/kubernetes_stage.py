@@ -1,0 +1,68 @@
+"""A single-pod stage on Kubernetes, through the cncf provider's KubernetesPodOperator (KPO).
+
+KPO does what it does best: create the pod, wait for it to start (events logged, startup timeout), stream its
+log into the task log, reattach after a worker restart (`durable`), delete the pod when it ends. The stage's
+result comes from the `::trainyard-result::` line it prints, read from the pod's log before KPO deletes the
+pod, instead of KPO's XCom sidecar: no extra image, no `pods/exec` permission for the Airflow service account,
+and the sidecar's container would need its own hardening to pass the restricted profile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from kubernetes.client import models as k8s
+
+from trainyard.schema import PipelineConfig
+from trainyard.stage_runtime import result_from_log
+
+RESULT_LOG_LINES = 2000
+TERMINATION_GRACE_SECONDS = 30
+
+
+class StageResult(KubernetesPodOperatorCallback):
+    """Reads the stage's result line and exit code off the finished pod, before KPO's cleanup deletes it."""
+
+    @staticmethod
+    def on_pod_completion(*, pod: k8s.V1Pod, client: Any, operator: Any, **kwargs: Any) -> None:
+        if pod is None:
+            return
+        text = client.read_namespaced_pod_log(name=pod.metadata.name, namespace=pod.metadata.namespace,
+                                              container=operator.base_container_name, tail_lines=RESULT_LOG_LINES)
+        operator.stage_result = result_from_log(text.splitlines())
+        for status in (pod.status.container_statuses or []) if pod.status else []:
+            if status.name == operator.base_container_name and status.state and status.state.terminated:
+                operator.stage_exit_code = status.state.terminated.exit_code
+
+
+class StagePodOperator(KubernetesPodOperator):
+    """KPO carrying the stage's result and exit code (set by `StageResult`)."""
+
+    stage_result: dict[str, Any] | None = None
+    stage_exit_code: int | None = None
+
+
+def build_pod_operator(pod: k8s.V1Pod, config: PipelineConfig, task_id: str) -> StagePodOperator:
+    """The KPO that runs `pod` (a Trainyard pod spec, already hardened and labelled) as it is.
+
+    Synchronous: the operator runs inside the stage's own task, so KPO's deferral (which resumes a method on the
+    deferred task) is not available here; the slot is held for the stage's duration, as the local backend does.
+    """
+    return StagePodOperator(
+        task_id=task_id,
+        name=pod.metadata.name,
+        namespace=config.kubernetes.namespace,
+        full_pod_spec=pod,
+        base_container_name=pod.spec.containers[0].name,
+        kubernetes_conn_id=config.kubernetes.connection_id,
+        get_logs=True,
+        do_xcom_push=False,
+        on_finish_action="delete_pod",
+        durable=True,
+        log_events_on_failure=True,
+        startup_timeout_seconds=config.kubernetes.startup_timeout_seconds,
+        termination_grace_period=TERMINATION_GRACE_SECONDS,
+        callbacks=[StageResult],
+    )

@@ -1,0 +1,212 @@
+"""The Kubernetes launcher: stage pods through the real KubernetesPodOperator code, serving objects, teardown,
+the connection wiring, and a Role that allows every API call the backend makes. The cluster is an autospec'd
+CoreV1Api/AppsV1Api (no cluster here); every call is asserted by verb, namespace and body."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from unittest.mock import MagicMock, call, create_autospec
+
+import kubernetes_validate
+import pytest
+import yaml
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+from kubernetes.client import AppsV1Api
+from kubernetes.client import models as k8s
+from kubernetes.client.exceptions import ApiException
+
+from tests.unit.k8s_fakes import FakeCluster, result_log
+from tests.unit.test_render import K8S_VERSION, assert_restricted
+from trainyard.backends import launcher_for
+from trainyard.backends.base import StageFailed
+from trainyard.backends.kubernetes import KubernetesLauncher
+from trainyard.config_loader import load_pipeline_file
+from trainyard.podspec import build_serving_deployment, build_serving_service, build_stage_pod
+from trainyard.stages import RunContext, stage_container
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = RunContext(pipeline="digits", run_id="manual__2026-12-03T00:00:00+00:00")
+LOG = logging.getLogger("test.k8s.backend")
+NS = "trainyard"
+
+
+@pytest.fixture
+def config():
+    return load_pipeline_file(REPO / "pipelines_config" / "digits.yaml")
+
+
+def stage_cluster(exit_code: int, payload: dict | None) -> FakeCluster:
+    """A cluster where a created pod runs to `exit_code` at once, its log ending with the result line."""
+    fake = FakeCluster()
+    create = fake._create
+
+    def run(namespace: str, body: dict, **kwargs: object) -> k8s.V1Pod:
+        pod = create(namespace, body)
+        name = pod.metadata.name
+        text = result_log(payload) if payload is not None else "bad input: column pixel_3 missing\n"
+        fake.logs[name] = "".join(f"2026-12-03T00:00:0{i}.000000Z {line}\n" for i, line in enumerate(text.splitlines()))
+        fake.set(name, "Succeeded" if exit_code == 0 else "Failed", exit_code=exit_code)
+        return pod
+
+    fake.core.create_namespaced_pod.side_effect = run
+    fake.core.read_namespaced_pod.side_effect = lambda name, namespace, **_: fake.pods[name]
+    fake.core.list_namespaced_event.return_value = k8s.CoreV1EventList(items=[])
+    fake.core.patch_namespaced_pod.return_value = None
+    return fake
+
+
+def launcher(config, fake: FakeCluster, apps: AppsV1Api | None = None) -> KubernetesLauncher:
+    hook = create_autospec(KubernetesHook, instance=True)
+    hook.is_in_cluster = False
+    return KubernetesLauncher(config, hook=hook, core=fake.core,
+                              apps=apps or create_autospec(AppsV1Api, instance=True))
+
+
+def task_context(task_id: str = "validate_data") -> dict:
+    ti = MagicMock(dag_id="digits", task_id=task_id, try_number=1, map_index=-1)
+    return {"ti": ti, "run_id": RUN.run_id, "dag": SimpleNamespace(), "task_state_store": None}
+
+
+def test_a_stage_pod_runs_through_kubernetes_pod_operator(config) -> None:
+    fake = stage_cluster(0, {"rows": 1797, "valid": True})
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, "validate"))
+
+    result = launcher(config, fake).run_pod(pod, LOG, task_context())
+
+    assert result == {"rows": 1797, "valid": True}
+    (created,) = fake.core.create_namespaced_pod.call_args_list
+    body = created.kwargs["body"]
+    assert created.kwargs["namespace"] == NS
+    kubernetes_validate.validate(body, K8S_VERSION, strict=True)
+    assert_restricted(body["spec"], "validate pod")
+    labels = body["metadata"]["labels"]
+    assert labels["trainyard/pipeline"] == "digits" and labels["trainyard/stage"] == "validate"
+    assert labels["trainyard/run"] and labels["dag_id"] == "digits" and labels["task_id"] == "validate_data"
+    assert body["spec"]["nodeSelector"] == {"trainyard.io/pool": "cpu"}
+    assert [c["name"] for c in body["spec"]["containers"]] == ["main"]  # no XCom sidecar, no pods/exec
+    assert body["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "trainyard-data"
+    name = body["metadata"]["name"]
+    assert call(name=name, namespace=NS, container="main", tail_lines=2000) in \
+        fake.core.read_namespaced_pod_log.call_args_list
+    follows = [c for c in fake.core.read_namespaced_pod_log.call_args_list if c.kwargs.get("follow")]
+    assert follows and follows[0].kwargs["container"] == "main"  # logs streamed into the task log
+    (deleted,) = fake.core.delete_namespaced_pod.call_args_list
+    assert deleted.args[:2] == (name, NS) or deleted.kwargs.get("name") == name
+    assert fake.pods == {}
+
+
+def test_a_bad_input_exit_code_fails_without_retry_and_deletes_the_pod(config) -> None:
+    fake = stage_cluster(3, None)
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, "validate"))
+
+    with pytest.raises(StageFailed) as info:
+        launcher(config, fake).run_pod(pod, LOG, task_context())
+    assert info.value.exit_code == 3 and not info.value.retryable
+    assert fake.pods == {}
+
+
+def test_serving_objects_are_created_when_missing(config) -> None:
+    fake = FakeCluster()
+    apps = create_autospec(AppsV1Api, instance=True)
+    apps.read_namespaced_deployment.side_effect = ApiException(status=404, reason="NotFound")
+    fake.core.read_namespaced_service.side_effect = ApiException(status=404, reason="NotFound")
+
+    endpoint = launcher(config, fake, apps).serving_endpoint(config)
+
+    assert endpoint == "digits.trainyard.svc:8500"
+    assert apps.create_namespaced_deployment.call_args_list == [call(namespace=NS,
+                                                                     body=build_serving_deployment(config))]
+    service = build_serving_service(config)
+    assert fake.core.create_namespaced_service.call_args_list == [call(namespace=NS, body=service)]
+    assert not apps.patch_namespaced_deployment.called and not fake.core.patch_namespaced_service.called
+
+
+def test_serving_objects_are_patched_to_the_config_when_present(config) -> None:
+    fake = FakeCluster()
+    apps = create_autospec(AppsV1Api, instance=True)
+
+    launcher(config, fake, apps).serving_endpoint(config)
+
+    deployment = build_serving_deployment(config)
+    assert apps.patch_namespaced_deployment.call_args_list == [call(name="digits-serving", namespace=NS,
+                                                                    body=deployment)]
+    assert fake.core.patch_namespaced_service.call_args_list == [call(name="digits", namespace=NS,
+                                                                      body=build_serving_service(config))]
+    assert not apps.create_namespaced_deployment.called
+
+
+def test_a_forbidden_serving_read_is_an_error_not_a_create(config) -> None:
+    fake = FakeCluster()
+    apps = create_autospec(AppsV1Api, instance=True)
+    apps.read_namespaced_deployment.side_effect = ApiException(status=403, reason="Forbidden")
+    with pytest.raises(ApiException, match="Forbidden"):
+        launcher(config, fake, apps).serving_endpoint(config)
+    assert not apps.create_namespaced_deployment.called
+
+
+def test_the_teardown_task_deletes_leftover_replicas_and_the_service(config) -> None:
+    fake = FakeCluster()
+    for name in ("job-ps-0", "job-worker-0"):
+        fake._create(NS, k8s.V1Pod(metadata=k8s.V1ObjectMeta(name=name),
+                                   spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="ps", image="x")])))
+    fake.core.delete_namespaced_service.side_effect = ApiException(status=404, reason="NotFound")  # already gone
+
+    count = launcher(config, fake).cleanup_job({"trainyard/run": "r1", "trainyard/stage": "train"}, "job", LOG)
+
+    assert count == 2 and fake.pods == {}
+    assert fake.core.list_namespaced_pod.call_args_list == [
+        call(namespace=NS, label_selector="trainyard/run=r1,trainyard/stage=train")]
+    assert fake.core.delete_namespaced_service.call_args_list == [call(name="job", namespace=NS)]
+
+
+def test_the_launcher_reaches_the_cluster_through_the_configured_connection(config, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "test", "user": {"token": "not-a-real-token"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
+    monkeypatch.setenv("AIRFLOW_CONN_TRAINYARD_TEST", json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}))
+    configured = config.model_copy(update={"kubernetes": config.kubernetes.model_copy(
+        update={"connection_id": "trainyard_test"})})
+
+    built = launcher_for("kubernetes", configured)
+
+    assert isinstance(built, KubernetesLauncher)
+    assert built.core.api_client.configuration.host == "https://127.0.0.1:6443"
+    assert built.apps.api_client is built.core.api_client  # one connection for the whole task
+
+
+def test_the_role_allows_every_call_the_backend_makes(config) -> None:
+    """Each CoreV1Api/AppsV1Api method the backend calls in these tests maps to a verb the Role grants."""
+    calls: set[str] = set()
+    fake = stage_cluster(0, {"rows": 1})
+    launcher(config, fake).run_pod(build_stage_pod(config, RUN, stage_container(config, RUN, "validate")), LOG,
+                                   task_context())
+    calls |= {c[0].split(".")[0] for c in fake.core.mock_calls if c[0]}
+    apps = create_autospec(AppsV1Api, instance=True)
+    serving = FakeCluster()
+    launcher(config, serving, apps).serving_endpoint(config)
+    calls |= {c[0] for c in apps.mock_calls} | {c[0] for c in serving.core.mock_calls}
+    calls |= {"create_namespaced_service", "delete_namespaced_service", "delete_namespaced_pod",
+              "list_namespaced_pod", "read_namespaced_pod_log"}  # the training job (test_kubernetes_job)
+
+    documents = list(yaml.safe_load_all((REPO / "k8s" / "30-rbac.yaml").read_text()))
+    (role,) = [d for d in documents if d["kind"] == "Role"]
+    granted = {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+    verbs = {"create": "create", "read": "get", "list": "list", "delete": "delete", "patch": "patch",
+             "replace": "update"}
+    for method in sorted(calls):
+        match = re.match(r"(create|read|list|delete|patch|replace)_namespaced_(\w+?)(_log)?$", method)
+        assert match, f"unexpected API call {method}"
+        verb, kind, log = match.groups()
+        resource = {"pod": "pods", "service": "services", "deployment": "deployments", "event": "events"}[kind]
+        resource += "/log" if log else ""
+        assert (resource, verbs[verb]) in granted, f"{method} needs {verbs[verb]} on {resource} in the Role"
+    assert not any(resource == "pods/exec" for resource, _ in granted)
