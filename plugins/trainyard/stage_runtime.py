@@ -61,8 +61,8 @@ RESULT_MARKER = "::trainyard-result::"
 
 
 def write_result(path: Path | None, payload: dict[str, Any]) -> None:
-    """Write the stage's small JSON result to `path` (KubernetesPodOperator's return.json) and print it once as
-    a marker line, so a launcher that only sees the pod's log (a training job's chief) can read it too."""
+    """Write the stage's small JSON result to `path` (the local backend's XCom) and print it once as a marker
+    line, which is how the Kubernetes backend reads it: from the pod's log, for stage pods and the chief alike."""
     if path is not None:
         write_json(path, payload)
     print(f"{RESULT_MARKER}{json.dumps(payload, sort_keys=True, default=str)}", flush=True)

@@ -76,7 +76,9 @@ class KubernetesLauncher:
 
         Replica logs are read through the API into the task log (`logs_dir` is a volume path the Airflow worker
         does not mount; the chief writes its own TensorBoard logs there)."""
-        selector = service.spec.selector if service is not None else pods[0].metadata.labels
+        # the labels every replica carries (a single pod's labels would also hold its role and index)
+        common = set.intersection(*(set(pod.metadata.labels.items()) for pod in pods))
+        selector = service.spec.selector if service is not None else dict(common)
         job = KubernetesJob(self.core, self.namespace, log, restart_budget=restart_budget, selector=selector,
                             startup_timeout=self.config.kubernetes.startup_timeout_seconds,
                             poll_seconds=self.poll_seconds)
