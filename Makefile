@@ -7,7 +7,7 @@ export TRAINYARD_DATA_DIR ?= $(ROOT)/data
 export PATH := $(VENV)/bin:$(PATH)
 PIPELINE ?= digits
 
-.PHONY: bootstrap demo data serve stop test unit integration cluster-test lint check ui bench clean
+.PHONY: bootstrap demo data serve stop test test-services unit integration cluster-test lint check ui bench clean
 
 bootstrap:
 	@VENV=$(VENV) scripts/bootstrap.sh
@@ -33,14 +33,18 @@ lint: bootstrap
 check: bootstrap
 	trainyard check
 
-test: bootstrap
+# PostgreSQL and Chromium (Debian packages) for the operating tests: installed when missing
+test-services:
+	@scripts/install-test-services.sh
+
+test: bootstrap test-services
 	ruff check dags plugins images tests bench
 	python -m pytest tests
 
 unit: bootstrap
 	python -m pytest tests/unit
 
-integration: bootstrap
+integration: bootstrap test-services
 	python -m pytest tests/integration
 
 # the example pipeline on a real cluster: TRAINYARD_KUBE_TEST=1 KUBECONFIG=~/.kube/config make cluster-test
@@ -48,13 +52,15 @@ cluster-test: bootstrap
 	python -m pytest tests/cluster
 
 ui: bootstrap
+	trainyard pools
 	airflow standalone
 
-bench: bootstrap
+bench: bootstrap test-services
 	python bench/parse_bench.py
 	python bench/prep_bench.py
 	python bench/train_bench.py
 	python bench/serving_bench.py
+	python bench/scheduling_bench.py
 
 clean:
 	-[ -x $(VENV)/bin/trainyard ] && $(VENV)/bin/trainyard serve --stop

@@ -1,4 +1,5 @@
-"""`trainyard`: the verbs Airflow has no word for. `check` configs, `run` a pipeline end to end, write example `data`.
+"""`trainyard`: the verbs Airflow has no word for. `check` configs, `run` a pipeline end to end, write example `data`,
+create the `pools` the configs name, `mark-data` for asset-scheduled pipelines.
 
 Exit codes: 0 success, 1 invalid config or failed run, 2 usage error.
 """
@@ -226,6 +227,43 @@ def cmd_render(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_pools(args: argparse.Namespace) -> int:
+    """Create the Airflow pools the configs name (a task in a missing pool would wait forever, silently)."""
+    configs, errors = check_folder(pipeline_files(settings.pipelines_dir()))
+    for line in errors:
+        print(line, file=sys.stderr)
+    from trainyard.pools import ensure_pools, required_pools
+
+    created = ensure_pools(configs, slots=args.slots)
+    for name in required_pools(configs):
+        print(f"{'created' if name in created else 'exists '}  {name}")
+    return EXIT_FAILED if errors else EXIT_OK
+
+
+def cmd_mark_data(args: argparse.Namespace) -> int:
+    """Register new data for an asset-scheduled pipeline through the REST API: Airflow then starts a run."""
+    loaded = load_named(args.pipeline)
+    if loaded is None:
+        return EXIT_FAILED
+    config = loaded[0]
+    from trainyard.airflow_api import AirflowApi, ApiError
+    from trainyard.schema import AssetSchedule
+
+    if not isinstance(config.schedule, AssetSchedule):
+        print(f"trainyard mark-data: pipeline {config.name!r} is not scheduled on data "
+              f"(schedule: {config.schedule!r}); set `schedule: {{asset: {config.data.source}}}`", file=sys.stderr)
+        return EXIT_USAGE
+    extra = {"source": "trainyard mark-data", **({"partition": args.partition} if args.partition else {})}
+    try:
+        event = AirflowApi.from_env(args.api_url).mark_asset(config.schedule.uri, extra)
+    except (ApiError, LookupError, OSError) as exc:
+        print(f"trainyard mark-data: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"asset event {event['id']} on {config.schedule.uri} at {event['timestamp']}: "
+          f"{config.name} will start a run")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="trainyard", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
@@ -260,6 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--run-id", help="the Airflow run id to render for (default: a manual run now)")
     render.add_argument("--out", default="rendered", help="output folder (default: ./rendered)")
     render.set_defaults(func=cmd_render)
+    pools = commands.add_parser("pools", help="create the Airflow pools the configs name (existing ones are kept)")
+    pools.add_argument("--slots", type=int, default=1, help="slots of each pool created (default 1)")
+    pools.set_defaults(func=cmd_pools)
+    mark = commands.add_parser("mark-data", help="register new data for an asset-scheduled pipeline (REST API)")
+    mark.add_argument("pipeline")
+    mark.add_argument("--partition", help="the partition that landed (recorded in the event's extra)")
+    mark.add_argument("--api-url", help="the api-server (default: $AIRFLOW_API_URL or http://127.0.0.1:8080)")
+    mark.set_defaults(func=cmd_mark_data)
     return root
 
 

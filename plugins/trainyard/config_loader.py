@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from trainyard.schema import PipelineConfig
+from trainyard.schema import UNION_TAGS, PipelineConfig
 from trainyard.yaml_source import Loc, SourceDocument, YamlSourceError, load_yaml_file
 
 DEFAULTS_FILE = "_defaults.yaml"
@@ -112,6 +112,7 @@ def _refine(error: dict[str, Any]) -> dict[str, Any]:
 
 def _error_line(error: dict[str, Any], sources: Iterable[SourceDocument], fallback: SourceDocument) -> str:
     error = _refine(error)
+    error = {**error, "loc": tuple(part for part in error["loc"] if part not in UNION_TAGS)}
     loc: Loc = tuple(error["loc"])
     dotted = ".".join(str(part) for part in loc) or "(top level)"
     mark = None

@@ -10,12 +10,12 @@ import datetime as dt
 from pathlib import Path
 
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Asset
 
 from trainyard.config_loader import display_path, find_pipeline_file, load_pipeline_file
 from trainyard.operators import DecideOperator, StageOperator, TrainJobOperator, TrainTeardownOperator
 from trainyard.params import build_params
-from trainyard.schema import PipelineConfig
+from trainyard.schema import AssetSchedule, PipelineConfig
 from trainyard.settings import pipelines_dir
 
 STAGES = (
@@ -30,6 +30,12 @@ STAGES = (
 TEARDOWN_DOC = "Deletes any replica pod or Service of this run's training job left behind (runs whatever train did)."
 
 
+def describe_schedule(config: PipelineConfig) -> str:
+    if isinstance(config.schedule, AssetSchedule):
+        return f"on new data (Asset `{config.schedule.uri}`)"
+    return f"`{config.schedule}`" if config.schedule else "manual"
+
+
 def render_doc(config: PipelineConfig, source: str) -> str:
     data, training = config.data, config.training
     window = f"the last {data.window.days} day(s)" if data.window else "every partition up to the run's end"
@@ -39,7 +45,8 @@ def render_doc(config: PipelineConfig, source: str) -> str:
 
 {config.description or "A Trainyard pipeline."}
 
-*Config:* `{source}` · *owner:* {config.owner} · *backend:* {config.backend or "local (default)"}
+*Config:* `{source}` · *owner:* {config.owner} · *backend:* {config.backend or "local (default)"} ·
+*schedule:* {describe_schedule(config)} · *pools:* `{training.pool}` (train), `{config.deploy.pool}` (deploy)
 
 | task | what it does |
 |---|---|
@@ -56,13 +63,24 @@ Trigger with parameters to override steps, learning rate, batch size, replicas o
 """
 
 
+def data_asset(schedule: AssetSchedule) -> Asset:
+    """The Airflow Asset of a dataset folder on the shared volume; its events start asset-scheduled pipelines."""
+    return Asset(uri=schedule.uri, name=schedule.uri, group="trainyard")
+
+
+def dag_schedule(config: PipelineConfig) -> str | list[Asset] | None:
+    if isinstance(config.schedule, AssetSchedule):
+        return [data_asset(config.schedule)]
+    return config.schedule
+
+
 def build_dag(config: PipelineConfig, source: str = "") -> DAG:
     """One DAG for one validated config."""
     start = dt.datetime.combine(config.start_date, dt.time(), tzinfo=dt.UTC)
     with DAG(
         dag_id=config.name,
         description=(config.description or f"Trainyard pipeline {config.name}")[:200],
-        schedule=config.schedule,
+        schedule=dag_schedule(config),
         start_date=start,
         catchup=config.catchup,
         max_active_runs=config.max_active_runs,
@@ -78,7 +96,7 @@ def build_dag(config: PipelineConfig, source: str = "") -> DAG:
         previous = None
         for task_id, stage, what in STAGES:
             if stage == "train":
-                task = TrainJobOperator(task_id=task_id, config=config, doc_md=what,
+                task = TrainJobOperator(task_id=task_id, config=config, doc_md=what, pool=config.training.pool,
                                         execution_timeout=dt.timedelta(hours=12))
                 task >> TrainTeardownOperator(task_id="teardown_train", config=config, doc_md=TEARDOWN_DOC)
             elif stage == "decide":
@@ -86,7 +104,8 @@ def build_dag(config: PipelineConfig, source: str = "") -> DAG:
                 skip = EmptyOperator(task_id="skip_deploy", doc_md="The model did not earn a deploy (see decide).")
                 task >> skip
             else:
-                task = StageOperator(task_id=task_id, config=config, stage=stage, doc_md=what)
+                pool = {"pool": config.deploy.pool} if stage == "deploy" else {}
+                task = StageOperator(task_id=task_id, config=config, stage=stage, doc_md=what, **pool)
             if previous is not None:
                 previous >> task
             previous = task

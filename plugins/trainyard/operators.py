@@ -23,11 +23,15 @@ def run_context(context: Any, pipeline: str) -> RunContext:
     dag_run = context["dag_run"]
     end = context.get("data_interval_end") or getattr(dag_run, "run_after", None)
     start = context.get("data_interval_start")
+    run_type = getattr(dag_run, "run_type", None)
+    params = context.get("params") or {}
     return RunContext(
         pipeline=pipeline,
         run_id=dag_run.run_id,
         data_interval_start=start if isinstance(start, dt.datetime) else None,
         data_interval_end=end if isinstance(end, dt.datetime) else None,
+        run_type=str(getattr(run_type, "value", run_type)) if run_type is not None else None,
+        params={key: params[key] for key in params},
     )
 
 

@@ -12,7 +12,16 @@ import re
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 PIPELINE_NAME = r"^[a-z][a-z0-9_-]{0,50}$"
@@ -24,6 +33,7 @@ Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER)]
 K8sName = Annotated[str, StringConstraints(pattern=K8S_NAME, max_length=63)]
 Quantity = Annotated[str, StringConstraints(pattern=QUANTITY)]
 ImageRef = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:@-]*$", max_length=255)]
+PoolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$", max_length=256)]
 
 
 # A model validator that blames one sub-field starts its message with "@sub.field: "; the loader moves the error
@@ -228,6 +238,8 @@ class TrainingConfig(Strict):
     checkpoint_every_steps: int = Field(100, ge=1)
     restart_budget: int = Field(3, ge=0, le=100)
     port: int = Field(2222, ge=1024, le=65535)
+    pool: PoolName = Field("trainyard_training", description="Airflow pool of the train task: its slots are how "
+                           "many training jobs (of every pipeline in the pool) may hold GPUs at once")
 
     @model_validator(mode="after")
     def _replicas_fit_strategy(self) -> TrainingConfig:
@@ -274,6 +286,7 @@ class DeployConfig(Strict):
     replicas: int = Field(1, ge=1, le=100)
     resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
     node_selector: dict[str, str] = {}
+    pool: PoolName = Field("trainyard_deploy", description="Airflow pool of the deploy task")
 
 
 class GpuTier(Strict):
@@ -315,6 +328,37 @@ class KubernetesConfig(Strict):
                                          description="how long a pod may stay Pending before its stage fails")
 
 
+class AssetSchedule(Strict):
+    """Data-aware scheduling: a run starts when an event is registered for this Airflow Asset (new data landed).
+
+    `asset` is the dataset's folder on the shared volume (usually `data.source`); the Asset's URI is
+    `trainyard://volume/<asset>`, the same on every backend, so an ingestion DAG's outlet or a REST/CLI call
+    (`trainyard mark-data`) that names it triggers the pipeline.
+    """
+
+    asset: str
+
+    _check_asset = field_validator("asset")(classmethod(lambda cls, v: check_volume_path(v)))
+
+    @property
+    def uri(self) -> str:
+        return asset_uri(self.asset)
+
+
+def asset_uri(volume_path: str) -> str:
+    """The Airflow Asset URI of a folder on the shared volume."""
+    return f"trainyard://volume/{volume_path.strip('/')}"
+
+
+# Tags of the schedule's union: a mapping is an AssetSchedule, anything else a cron string or preset, so an error
+# names one reading, not both. The loader leaves tags out of the dotted field names it prints.
+UNION_TAGS = frozenset({"cron-schedule", "asset-schedule"})
+Schedule = Annotated[
+    Annotated[str, Tag("cron-schedule")] | Annotated[AssetSchedule, Tag("asset-schedule")],
+    Discriminator(lambda value: "asset-schedule" if isinstance(value, (dict, AssetSchedule)) else "cron-schedule"),
+]
+
+
 class PipelineConfig(Strict):
     """One pipeline = one DAG. `name` is the DAG id and must match the file name."""
 
@@ -322,7 +366,8 @@ class PipelineConfig(Strict):
     description: str = ""
     owner: str = "trainyard"
     tags: list[str] = []
-    schedule: str | None = None
+    schedule: Schedule | None = Field(
+        None, description="cron, a preset (@daily...), {asset: <volume path>} (run on new data), or null (manual)")
     start_date: dt.date = dt.date(2026, 1, 1)
     catchup: bool = False
     max_active_runs: int = Field(1, ge=1, le=64)
@@ -337,13 +382,14 @@ class PipelineConfig(Strict):
 
     @field_validator("schedule")
     @classmethod
-    def _schedule(cls, value: str | None) -> str | None:
-        if value is None or value in SCHEDULE_PRESETS:
+    def _schedule(cls, value: str | AssetSchedule | None) -> str | AssetSchedule | None:
+        if value is None or isinstance(value, AssetSchedule) or value in SCHEDULE_PRESETS:
             return value
         fields = value.split()
         if len(fields) != 5 or not all(re.match(r"^[0-9*/,\-A-Za-z?LW#]+$", f) for f in fields):
             raise ValueError(
-                f"must be a 5-field cron expression, one of {sorted(SCHEDULE_PRESETS)}, or null (got {value!r})"
+                f"must be a 5-field cron expression, one of {sorted(SCHEDULE_PRESETS)}, {{asset: <volume path>}}, "
+                f"or null (got {value!r})"
             )
         return value
 

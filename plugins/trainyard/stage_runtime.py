@@ -15,7 +15,7 @@ from typing import Any
 
 from trainyard.atomic import write_json
 from trainyard.schema import PipelineConfig
-from trainyard.stages import CONFIG_ENV
+from trainyard.stages import CONFIG_ENV, RUN_ENV
 
 log = logging.getLogger("trainyard")
 
@@ -55,6 +55,18 @@ def load_config() -> PipelineConfig:
     if not raw:
         raise StageError(f"{CONFIG_ENV} is not set: this entrypoint is started by Trainyard with the run's config")
     return PipelineConfig.model_validate_json(raw)
+
+
+def load_trigger() -> dict[str, Any] | None:
+    """How this run was started (run type, the trigger form's Param values), for the run's lineage."""
+    raw = os.environ.get(RUN_ENV)
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise StageError(f"{RUN_ENV} is not valid JSON: {exc}") from None
+    return value if isinstance(value, dict) else None
 
 
 RESULT_MARKER = "::trainyard-result::"

@@ -7,7 +7,9 @@ stage logic is forked per backend.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainyard.cluster_spec import Replicas, tf_config
 from trainyard.layout import RunLayout
@@ -16,6 +18,7 @@ from trainyard.schema import PipelineConfig, Resources
 XCOM_DIR = "/airflow/xcom"
 XCOM_RETURN = f"{XCOM_DIR}/return.json"
 CONFIG_ENV = "TRAINYARD_CONFIG_JSON"
+RUN_ENV = "TRAINYARD_RUN_JSON"  # how the run was started (run type, trigger Params): recorded in its lineage
 
 # stage name -> (python module run in the image, sub-command)
 STAGE_ENTRYPOINTS: dict[str, tuple[str, str]] = {
@@ -37,6 +40,14 @@ class RunContext:
     run_id: str
     data_interval_start: dt.datetime | None = None
     data_interval_end: dt.datetime | None = None
+    run_type: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def trigger(self) -> dict[str, Any] | None:
+        """What started this run and with which Param values; None when nothing is known (a bare context)."""
+        if self.run_type is None and not self.params:
+            return None
+        return {"run_type": self.run_type, "params": self.params}
 
 
 @dataclass(frozen=True)
@@ -84,14 +95,17 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: str,
     if run.data_interval_end is not None:
         args += ["--window-end", run.data_interval_end.isoformat()]
     args += list(extra_args)
+    env = {CONFIG_ENV: config.model_dump_json(), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "GX_ANALYTICS_ENABLED": "False"}
+    if run.trigger() is not None:
+        env[RUN_ENV] = json.dumps(run.trigger(), sort_keys=True, default=str)
     return ContainerSpec(
         stage=stage,
         role="main",
         image=image,
         command=["python", "-m", module],
         args=args,
-        env={CONFIG_ENV: config.model_dump_json(), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-             "GX_ANALYTICS_ENABLED": "False"},
+        env=env,
         resources=resources,
     )
 

@@ -153,3 +153,22 @@ def test_check_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert f"{bad}:7:10: retries: must be ≥ 0 (got -1)" in err
     assert cli(["check", str(tmp_path / "nope.yaml")]) == 2
     assert cli(["check", "--bogus-flag"]) == 2
+
+
+def test_schedule_on_new_data_names_an_asset_on_the_volume(tmp_path: Path) -> None:
+    path = write(tmp_path, "p.yaml", MINIMAL.format(name="p") + "schedule: {asset: datasets/x}\n")
+    config = load_pipeline_file(path)
+    assert config.schedule.uri == "trainyard://volume/datasets/x"
+    bad = write(tmp_path, "q.yaml", MINIMAL.format(name="q") + "schedule: {asset: /srv/x}\n")
+    (line,) = errors_of(bad)
+    assert line.startswith(f"{bad}:7:") and "schedule.asset: " in line and "relative to the shared volume" in line
+    typo = write(tmp_path, "r.yaml", MINIMAL.format(name="r") + "schedule: {assets: datasets/x}\n")
+    assert any("schedule.assets: unknown field" in line for line in errors_of(typo))
+
+
+def test_pools_default_and_are_validated(tmp_path: Path) -> None:
+    config = load_pipeline_file(write(tmp_path, "p.yaml", MINIMAL.format(name="p")))
+    assert (config.training.pool, config.deploy.pool) == ("trainyard_training", "trainyard_deploy")
+    bad = write(tmp_path, "q.yaml", MINIMAL.format(name="q") + "training: {pool: 'gpu pool'}\n")
+    (line,) = errors_of(bad)
+    assert "training.pool: " in line

@@ -79,3 +79,42 @@ def test_a_bad_config_is_an_import_error_for_its_own_dag_only(
     (error,) = bag.import_errors.values()
     line = next(n for n, text in enumerate(bad.read_text().splitlines(), 1) if "steps: -5" in text)
     assert f"broken.yaml:{line}:10: training.steps: must be ≥ 1 (got -5)" in error
+
+
+def test_train_and_deploy_run_in_their_pools_and_the_doc_says_so(pipelines_dir: Path) -> None:
+    from trainyard.dag_factory import dag_from_config
+
+    dag = dag_from_config("digits")
+    pools = {t.task_id: t.pool for t in dag.tasks}
+    assert pools["train"] == "trainyard_training" and pools["deploy"] == "trainyard_deploy"
+    assert {pools[t] for t in ("validate_data", "prepare_data", "evaluate", "decide", "teardown_train")} == {
+        "default_pool"}
+    assert "*schedule:* manual" in dag.doc_md and "`trainyard_training` (train)" in dag.doc_md
+
+
+def test_an_asset_schedule_becomes_an_airflow_asset(pipelines_dir: Path) -> None:
+    from airflow.sdk import Asset
+
+    from trainyard.config_loader import load_pipeline_file
+    from trainyard.dag_factory import dag_from_config
+    from trainyard.pools import required_pools
+
+    text = (pipelines_dir / "digits.yaml").read_text()
+    (pipelines_dir / "ondata.yaml").write_text(
+        text.replace("name: digits", "name: ondata").replace("schedule: null", "schedule: {asset: datasets/digits}"))
+    dag = dag_from_config("ondata")
+    (asset,) = dag.timetable.asset_condition.objects
+    assert isinstance(asset, Asset) and asset.uri == "trainyard://volume/datasets/digits"
+    assert "on new data (Asset `trainyard://volume/datasets/digits`)" in dag.doc_md
+    configs = [load_pipeline_file(pipelines_dir / f"{n}.yaml") for n in ("digits", "ondata")]
+    assert required_pools(configs) == {"trainyard_deploy": "Trainyard: digits.deploy, ondata.deploy",
+                                       "trainyard_training": "Trainyard: digits.train, ondata.train"}
+
+
+def test_mark_data_refuses_a_pipeline_that_is_not_scheduled_on_data(
+    pipelines_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainyard.cli import main
+
+    assert main(["mark-data", "digits"]) == 2
+    assert "not scheduled on data (schedule: None); set `schedule: {asset: datasets/digits}`" in capsys.readouterr().err

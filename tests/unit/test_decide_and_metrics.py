@@ -53,6 +53,37 @@ def test_force_skips_the_comparison_and_says_so() -> None:
     assert forced["reasons"][0] == "force_deploy was set: comparison skipped"
 
 
+def windowed(accuracy: float, champion: float, champion_end: str | None) -> dict:
+    served = {"version": 4, "metrics": {"accuracy": champion}, "data_window_end": champion_end}
+    return {"challenger": {"accuracy": accuracy, "loss": 0.3}, "champion": served}
+
+
+def test_a_model_on_older_data_never_replaces_the_champion_even_when_better() -> None:
+    # a backfill run for Nov 2 scores higher than the model served from Nov 5's data: still skipped
+    decision = decide(STRICT, windowed(0.99, 0.85, "2026-11-05T00:00:00+00:00"), False, "2026-11-02T00:00:00+00:00")
+    assert decision["deploy"] is False
+    assert decision["data_window_end"] == {"candidate": "2026-11-02T00:00:00+00:00",
+                                           "champion": "2026-11-05T00:00:00+00:00", "older_than_champion": True}
+    assert decision["reasons"] == ["trained on data up to 2026-11-02T00:00:00+00:00, older than champion v4's "
+                                   "2026-11-05T00:00:00+00:00: a backfill or catch-up run never replaces a model "
+                                   "trained on newer data (force_deploy overrides)"]
+    forced = decide(STRICT, windowed(0.99, 0.85, "2026-11-05T00:00:00+00:00"), True, "2026-11-02T00:00:00+00:00")
+    assert forced["deploy"] and forced["ignored"][0].startswith("trained on data up to 2026-11-02")
+
+
+@pytest.mark.parametrize(("candidate", "champion_end", "deploy"), [
+    ("2026-11-05T00:00:00+00:00", "2026-11-05T00:00:00+00:00", True),   # same window: the metrics decide
+    ("2026-11-06T00:00:00+00:00", "2026-11-05T00:00:00+00:00", True),   # newer data
+    ("2026-11-05T00:00:00", "2026-11-05T01:00:00+01:00", True),         # naive is UTC: the same instant
+    ("2026-11-05T00:00:00+00:00", None, True),                          # champion's window unknown: not compared
+    ("2026-11-04T23:59:59+00:00", "2026-11-05T00:00:00+00:00", False),
+])
+def test_data_window_comparison(candidate: str, champion_end: str | None, deploy: bool) -> None:
+    decision = decide(STRICT, windowed(0.95, 0.85, champion_end), False, candidate)
+    assert decision["deploy"] is deploy
+    assert decision["data_window_end"]["older_than_champion"] is (not deploy)
+
+
 def test_metrics_match_scikit_learn() -> None:
     rng = np.random.default_rng(1)
     labels = rng.integers(0, 3, size=500)

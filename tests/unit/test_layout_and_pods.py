@@ -101,3 +101,25 @@ def test_local_command_mapping_is_explicit() -> None:
         local_command("acme/custom:1", ["python", "-m", "x"])
     with pytest.raises(ValueError, match="runs \\['python', '-m', 'trainyard_prep'\\] locally"):
         local_command("trainyard/prep:0.1.0", ["bash", "-c", "rm -rf /"])
+
+
+def test_how_a_run_was_started_travels_to_every_stage(pipelines_dir: Path) -> None:
+    import json
+    from types import SimpleNamespace
+
+    from airflow.utils.types import DagRunType
+
+    from trainyard.operators import run_context
+    from trainyard.stages import RUN_ENV
+
+    config = load_pipeline_file(pipelines_dir / "digits.yaml")
+    assert RUN_ENV not in stage_container(config, RUN, "validate").env  # a bare context records nothing
+
+    dag_run = SimpleNamespace(run_id="manual__x", run_type=DagRunType.MANUAL, run_after=None)
+    context = {"dag_run": dag_run, "params": {"steps": 40, "force_deploy": True},
+               "data_interval_end": dt.datetime(2026, 12, 2, tzinfo=dt.UTC)}
+    run = run_context(context, "digits")
+    assert run.trigger() == {"run_type": "manual", "params": {"steps": 40, "force_deploy": True}}
+    for stage in ("validate", "train", "deploy"):
+        env = stage_container(config, run, stage).env
+        assert json.loads(env[RUN_ENV]) == {"params": {"force_deploy": True, "steps": 40}, "run_type": "manual"}

@@ -13,6 +13,7 @@ from trainyard.stage_runtime import (
     StageError,
     add_run_arguments,
     load_config,
+    load_trigger,
     log,
     parse_args,
     write_result,
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             from trainyard_prep.inputs import pin_inputs
             from trainyard_prep.validate import validate_inputs
 
-            manifest = pin_inputs(args.volume, args.run_dir, config.data, args.window_end)
+            manifest = pin_inputs(args.volume, args.run_dir, config.data, args.window_end, load_trigger())
             summary = validate_inputs(args.volume, args.run_dir, args.run_id, config, manifest)
             result = {"rows": summary["rows"], "files": len(summary["files"]),
                       "expectations": summary["expectations"],

@@ -84,8 +84,12 @@ def _link_or_copy(src: Path, dst: Path) -> str:
         return "copy"
 
 
-def pin_inputs(volume: Path, run_dir: Path, data: DataConfig, window_end: dt.datetime | None) -> dict[str, Any]:
-    """The run's input manifest; created once per run, reused as is by retries and later stages."""
+def pin_inputs(volume: Path, run_dir: Path, data: DataConfig, window_end: dt.datetime | None,
+               trigger: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's input manifest; created once per run, reused as is by retries and later stages.
+
+    `trigger` (run type and Param values) is recorded beside the pinned files: the lineage of what was asked for.
+    """
     inputs_dir = run_dir / "inputs"
     manifest_path = inputs_dir / MANIFEST
     if manifest_path.is_file():
@@ -126,6 +130,7 @@ def pin_inputs(volume: Path, run_dir: Path, data: DataConfig, window_end: dt.dat
             "partitions": [p.day.isoformat() for p in chosen],
             "files": files,
             "total_bytes": sum(f["bytes"] for f in files),
+            "trigger": trigger,
         }
         write_json(staging / MANIFEST, manifest)
     log.info("pinned %d file(s) from %d partition(s), %.1f MB", len(files), len(chosen), manifest["total_bytes"] / 1e6)

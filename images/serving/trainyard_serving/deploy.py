@@ -158,7 +158,8 @@ def lineage(config: PipelineConfig, run_dir: Path, run_id: str) -> dict[str, Any
     return {
         "pipeline": config.name, "run_id": run_id, "run_dir": run_dir.name,
         "config_sha256": prepared.get("config_sha256"), "data_sha256": prepared.get("inputs", {}).get("sha256"),
-        "data_window_end": inputs.get("window_end"), "training": read(run_dir / "model" / "training.json"),
+        "data_window_end": inputs.get("window_end"), "trigger": inputs.get("trigger"),
+        "training": read(run_dir / "model" / "training.json"),
         "metrics": metrics.get("challenger", {}), "tensorflow": tf.__version__,
         "images": {"prep": config.prep.image, "trainer": config.training.image},
     }

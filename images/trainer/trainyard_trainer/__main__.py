@@ -113,7 +113,9 @@ def run_decide(args: argparse.Namespace) -> int:
         metrics_path = args.run_dir / "eval" / "metrics.json"
         if not metrics_path.is_file():
             raise StageError(f"{metrics_path} is missing: evaluate must run before decide")
-        decision = decide(config, json.loads(metrics_path.read_text()), args.force)
+        inputs_path = args.run_dir / "inputs" / "manifest.json"
+        window_end = json.loads(inputs_path.read_text()).get("window_end") if inputs_path.is_file() else None
+        decision = decide(config, json.loads(metrics_path.read_text()), args.force, window_end)
     except StageError as exc:
         log.error("decide failed: %s", exc)
         return EXIT_BAD_INPUT
