@@ -28,9 +28,11 @@ def build_params(config: PipelineConfig) -> dict[str, Param]:
         ),
         "learning_rate": Param(
             training.learning_rate, type="number", exclusiveMinimum=0, maximum=10, title="Learning rate",
+            description="The optimizer's learning rate for this run (above 0, at most 10).",
         ),
         "batch_size": Param(
             training.batch_size, type="integer", minimum=1, maximum=1_000_000, title="Batch size (per worker)",
+            description="Examples per step on each worker.",
         ),
         "workers": Param(
             training.workers.replicas, type="integer", minimum=0 if training.strategy == "single" else 1,

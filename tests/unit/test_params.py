@@ -18,6 +18,8 @@ def test_params_carry_config_defaults_and_bounds(pipelines_dir: Path) -> None:
     assert params["workers"].schema["minimum"] == 1
     assert params["force_deploy"].value is False
     assert params["window_days"].value is None
+    # every Param is titled and described on the trigger form
+    assert all(p.schema.get("title") and p.description for p in params.values())
 
 
 def test_overrides_reach_the_run_config(pipelines_dir: Path) -> None:
