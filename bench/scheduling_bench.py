@@ -27,8 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.integration.airflow_services import AirflowServices, Postgres  # noqa: E402
-from tests.integration.serving_helpers import Server  # noqa: E402
+from tests.integration.airflow_services import running_pipelines  # noqa: E402
 
 CHAIN = ("validate_data", "prepare_data", "train", "evaluate", "decide")
 
@@ -63,29 +62,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=2, help="example runs, one after the other (default 2)")
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "out" / "scheduling.json")
     args = parser.parse_args()
-    from trainyard_prep.example_data import write_digits
-
     root = Path(tempfile.mkdtemp(prefix="trainyard-sched-bench-"))
-    volume, pipelines, dags = root / "volume", root / "pipelines", root / "dags"
-    for folder in (volume / "models", pipelines, dags):
-        folder.mkdir(parents=True)
-    for name in ("_defaults.yaml", "digits.yaml"):
-        shutil.copy(REPO / "pipelines_config" / name, pipelines)
-    shutil.copy(REPO / "dags" / "digits.py", dags)
-    write_digits(volume / "datasets" / "digits", days=5)
-    server = Server(volume / "models").start(root / "serving.log")
-    postgres = Postgres()
-    services = AirflowServices(root / "airflow", dags, postgres.url, {
-        "TRAINYARD_DATA_DIR": str(volume), "TRAINYARD_PIPELINES_DIR": str(pipelines),
-        "TRAINYARD_SERVING_GRPC": server.grpc, "TRAINYARD_BACKEND": "local"})
     results = []
-    try:
-        postgres.start()
-        started = time.monotonic()
-        services.start()
-        print(f"services up in {time.monotonic() - started:.1f} s (PostgreSQL, api-server, scheduler, "
-              f"dag-processor, triggerer)", flush=True)
-        services.wait_parsed("digits")
+    started = time.monotonic()
+    digits = (REPO / "pipelines_config" / "digits.yaml").read_text()
+    with running_pipelines(root, {"digits": digits}, data_days=5) as (services, _volume, _server):
+        print(f"deployment up in {time.monotonic() - started:.1f} s (example data, model server, PostgreSQL, "
+              f"api-server, scheduler, dag-processor, triggerer; DAG parsed)", flush=True)
         api = services.api
         api.set_paused("digits", False)
         graph = api.call("GET", "/dags/digits/tasks")["tasks"]
@@ -105,10 +88,6 @@ def main() -> int:
             print(f"{run_id}: wall {figures['wall_seconds']:.1f} s, critical path "
                   f"{figures['critical_path_seconds']:.1f} s, overhead {figures['overhead']:.1%}; gaps (s) "
                   + ", ".join(f"{k} {v:.2f}" for k, v in figures["gaps_seconds"].items()), flush=True)
-    finally:
-        services.stop()
-        postgres.stop()
-        server.stop()
     gaps = [g for r in results for g in r["gaps_seconds"].values()]
     overheads = [r["overhead"] for r in results]
     summary = {"runs": results, "median_gap_seconds": round(statistics.median(gaps), 2),

@@ -97,8 +97,9 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: str,
     args += list(extra_args)
     env = {CONFIG_ENV: config.model_dump_json(), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
            "GX_ANALYTICS_ENABLED": "False"}
-    if run.trigger() is not None:
-        env[RUN_ENV] = json.dumps(run.trigger(), sort_keys=True, default=str)
+    trigger = run.trigger()
+    if trigger is not None:
+        env[RUN_ENV] = json.dumps(trigger, sort_keys=True, default=str)
     return ContainerSpec(
         stage=stage,
         role="main",

@@ -13,25 +13,21 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.integration.serving_helpers import Server, free_port
 from trainyard.airflow_api import AirflowApi, ApiError, get_token
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(what: str, check: Any, timeout: float, every: float = 0.5, logs: list[Path] | None = None) -> Any:
@@ -164,31 +160,33 @@ class AirflowServices:
     def log(self, service: str) -> Path:
         return self.home / f"{service}.log"
 
-    def airflow(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([str(BIN / "airflow"), *args], env=self.env, capture_output=True, text=True,
+    def command(self, program: str, *args: str, timeout: float, check: bool) -> subprocess.CompletedProcess[str]:
+        """Run a venv command (`airflow`, `trainyard`) with the services' environment."""
+        done = subprocess.run([str(BIN / program), *args], env=self.env, capture_output=True, text=True,
                               timeout=timeout)
         if check and done.returncode != 0:
-            raise RuntimeError(f"airflow {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
+            raise RuntimeError(f"{program} {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
                                f"{done.stderr[-3000:]}")
         return done
 
-    def trainyard(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(BIN / "trainyard"), *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+    def airflow(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.command("airflow", *args, timeout=timeout, check=check)
+
+    def trainyard(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
+        return self.command("trainyard", *args, timeout=timeout, check=check)
 
     def start(self) -> AirflowServices:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "airflow.cfg").write_text(airflow_cfg(self.home, self.dags, self.db_url, self.port))
         self.airflow("db", "migrate", timeout=600)
-        pools = self.trainyard("pools")
-        if pools.returncode != 0:
-            raise RuntimeError(f"trainyard pools failed:\n{pools.stdout}\n{pools.stderr}")
+        self.trainyard("pools", check=True)
         for service in SERVICES:
             self.processes[service] = subprocess.Popen(
                 [str(BIN / "airflow"), service], env=self.env, stdout=self.log(service).open("wb"),
                 stderr=subprocess.STDOUT, start_new_session=True)
         wait_for("the api-server to answer", self._api_up, 180, logs=self._logs())
-        wait_for("the scheduler and triggerer to report healthy", self._healthy, 180, logs=self._logs())
+        wait_for("the database, scheduler, dag-processor and triggerer to report healthy", self._healthy, 180,
+                 logs=self._logs())
         return self
 
     def _logs(self) -> list[Path]:
@@ -237,9 +235,9 @@ class AirflowServices:
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
         """A task's log as text (from the log folder the services write), for assertion messages."""
-        pattern = f"dag_id={dag_id}/run_id={run_id}/task_id={task_id}/attempt={try_number}.log"
-        found = list((self.home / "logs").glob(pattern))
-        return found[0].read_text(errors="replace") if found else f"(no log at {pattern})"
+        path = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}" / \
+            f"attempt={try_number}.log"
+        return path.read_text(errors="replace") if path.is_file() else f"(no log at {path})"
 
     def stop(self) -> None:
         """Stop every service (SIGTERM to its process group, then SIGKILL), newest first."""
@@ -254,3 +252,43 @@ class AirflowServices:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
         self.processes.clear()
+
+
+def dag_shim(name: str) -> str:
+    """The DAG file of pipeline `name`, as in `dags/` (safe mode parses only files naming "airflow" and "dag")."""
+    return (f'"""Airflow DAG shim for {name}.yaml."""\n\nfrom trainyard.dag_factory import dag_from_config\n\n'
+            f"dag = dag_from_config({name!r})\n")
+
+
+@contextmanager
+def running_pipelines(root: Path, configs: dict[str, str],
+                      data_days: int) -> Iterator[tuple[AirflowServices, Path, Server]]:
+    """The pipelines `configs` (name -> YAML text, beside the repo's `_defaults.yaml`, one shim each) on the real
+    services over a fresh volume holding `data_days` daily digits partitions, with the local model server.
+    Yields (services, volume, server) once every DAG is parsed; stops everything it started on the way out."""
+    from trainyard_prep.example_data import write_digits
+
+    volume, pipelines, dags = root / "volume", root / "pipelines", root / "dags"
+    for folder in (volume / "models", pipelines, dags):
+        folder.mkdir(parents=True)
+    shutil.copy(REPO / "pipelines_config" / "_defaults.yaml", pipelines)
+    for name, text in configs.items():
+        (pipelines / f"{name}.yaml").write_text(text)
+        (dags / f"{name}.py").write_text(dag_shim(name))
+    write_digits(volume / "datasets" / "digits", days=data_days)
+    server = Server(volume / "models").start(root / "serving.log")
+    postgres = Postgres()
+    services = AirflowServices(root / "airflow", dags, postgres.url, {
+        "TRAINYARD_DATA_DIR": str(volume), "TRAINYARD_PIPELINES_DIR": str(pipelines),
+        "TRAINYARD_SERVING_GRPC": server.grpc, "TRAINYARD_BACKEND": "local",
+    })
+    try:
+        postgres.start()
+        services.start()
+        for name in configs:
+            services.wait_parsed(name)
+        yield services, volume, server
+    finally:
+        services.stop()
+        postgres.stop()
+        server.stop()

@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.airflow_services import AirflowServices, Postgres, wait_for
+from tests.integration.airflow_services import AirflowServices, running_pipelines, wait_for
 from tests.integration.serving_helpers import Server
 from trainyard.airflow_api import ApiError
 from trainyard.layout import published_versions, run_key
-from trainyard_prep.example_data import write_digits
 
 pytestmark = pytest.mark.integration
 
@@ -62,12 +61,6 @@ ONDATA = RETRAIN.replace("name: retrain", "name: ondata").replace('schedule: "@d
                                                                    "schedule: {asset: datasets/digits}")
 
 
-def shim(name: str) -> str:
-    # Airflow's safe mode only parses files that mention both "airflow" and "dag"
-    return (f'"""Airflow DAG shim for {name}.yaml."""\n\nfrom trainyard.dag_factory import dag_from_config\n\n'
-            f"dag = dag_from_config({name!r})\n")
-
-
 class Deployment:
     """What the tests see: the services, the volume and the model server."""
 
@@ -91,34 +84,11 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    root = tmp_path_factory.mktemp("operating")
-    volume, pipelines, dags = root / "volume", root / "pipelines", root / "dags"
-    for folder in (volume / "models", pipelines, dags):
-        folder.mkdir(parents=True)
-    shutil.copy(REPO / "pipelines_config" / "_defaults.yaml", pipelines)
-    shutil.copy(REPO / "pipelines_config" / "digits.yaml", pipelines)
-    (pipelines / "retrain.yaml").write_text(RETRAIN)
-    (pipelines / "ondata.yaml").write_text(ONDATA)
-    for name in ("digits", "retrain", "ondata"):
-        (dags / f"{name}.py").write_text(shim(name))
+    configs = {"digits": (REPO / "pipelines_config" / "digits.yaml").read_text(), "retrain": RETRAIN,
+               "ondata": ONDATA}
     # eight daily partitions ending yesterday: every backfill day below has its own two-day window
-    write_digits(volume / "datasets" / "digits", days=8)
-    server = Server(volume / "models").start(root / "serving.log")
-    postgres = Postgres()
-    services = AirflowServices(root / "airflow", dags, postgres.url, {
-        "TRAINYARD_DATA_DIR": str(volume), "TRAINYARD_PIPELINES_DIR": str(pipelines),
-        "TRAINYARD_SERVING_GRPC": server.grpc, "TRAINYARD_BACKEND": "local",
-    })
-    try:
-        postgres.start()
-        services.start()
-        for name in ("digits", "retrain", "ondata"):
-            services.wait_parsed(name)
+    with running_pipelines(tmp_path_factory.mktemp("operating"), configs, data_days=8) as (services, volume, server):
         yield Deployment(services, volume, server)
-    finally:
-        services.stop()
-        postgres.stop()
-        server.stop()
 
 
 def test_pools_exist_for_the_train_and_deploy_steps(deployment: Deployment) -> None:
