@@ -23,6 +23,7 @@ from trainyard.training_job import launch_training
 from trainyard_prep.example_data import write_digits
 from trainyard_prep.inputs import pin_inputs
 from trainyard_prep.prepare import prepare
+from trainyard_trainer.train import fetch_loss
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +87,9 @@ def run_job(config: PipelineConfig, volume: Path, run_id: str, watch: Watch | No
 def test_parameter_server_job_trains_and_exports(pipelines_dir: Path, prepared_volume: Path) -> None:
     config = config_with(pipelines_dir, steps=200, checkpoint_every_steps=100)
     run_dir = prepare_run(prepared_volume, config, "ps-ok")
-    result = run_job(config, prepared_volume, "ps-ok")
+    first_step = Watch("first step done", lambda: None)
+    result = run_job(config, prepared_volume, "ps-ok", first_step)
+    assert first_step.fired.is_set()  # the first step runs alone, then the rest of the interval
     assert result["steps"] == 200 and result["resumed_from_step"] == 0 and result["worker_restarts"] == 0
     assert result["final_loss"] < 1.0
     training = json.loads((run_dir / "model" / "training.json").read_text())
@@ -102,6 +105,33 @@ def test_parameter_server_job_trains_and_exports(pipelines_dir: Path, prepared_v
     assert sorted(serve.structured_input_signature[1])[:2] == ["pixel_0", "pixel_1"]
     out = serve(**{f"pixel_{i}": tf.constant([0.0, 16.0]) for i in range(64)})
     assert out["probabilities"].shape == (2, 10) and out["classes"].dtype == tf.string
+
+
+class CopyFailsFirst:
+    """A finished step's result whose first `failures` copies to the chief fail the way TF reports it."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.calls = failures, 0
+
+    def fetch(self) -> float:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise tf.errors.InternalError(None, None, "Unable to parse request")
+        return 0.25
+
+
+def test_a_failed_loss_copy_is_tried_again_then_reported(caplog: pytest.LogCaptureFixture) -> None:
+    flaky = CopyFailsFirst(failures=2)
+    with caplog.at_level(logging.WARNING, logger="trainyard"):
+        assert fetch_loss(flaky) == 0.25
+    assert flaky.calls == 3
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "copying a step's loss from its worker failed (attempt 1 of 3), trying again",
+        "copying a step's loss from its worker failed (attempt 2 of 3), trying again"]
+    broken = CopyFailsFirst(failures=3)
+    with pytest.raises(tf.errors.InternalError, match="Unable to parse request"):
+        fetch_loss(broken)
+    assert broken.calls == 3
 
 
 def test_a_killed_worker_is_restarted_and_the_run_finishes(pipelines_dir: Path, prepared_volume: Path) -> None:

@@ -140,15 +140,25 @@ def train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema
             loss = strategy.run(replica_step, args=(features, labels))
             return strategy.reduce("SUM", loss, axis=None)
 
+        def run_steps(count: int) -> list[float]:
+            """Schedule `count` steps, wait for all of them, then read the last losses back.
+
+            Results are fetched only once no step is in flight: in TF 2.21 a fetch from the main thread while
+            the coordinator's threads dispatch steps once sent a worker a request with a corrupted device name
+            ("Unable to parse request"), which failed the chief.
+            """
+            pending = [coordinator.schedule(worker_fn, args=(iterator,)) for _ in range(count)]
+            coordinator.join()
+            return [fetch_loss(r) for r in pending[-10:]]
+
         while current < training.steps:
             chunk = min(every, training.steps - current)
-            pending = [coordinator.schedule(worker_fn, args=(iterator,)) for _ in range(chunk)]
-            if current == start_step:
-                pending[0].fetch()
+            interval_losses: list[float] = []
+            if current == start_step:  # one step alone first: the log then says how long start-up took
+                interval_losses = run_steps(1)
                 log.info("first step done %.1f s after the coordinator started", time.monotonic() - started)
-            coordinator.join()
+            interval_losses = (interval_losses + run_steps(chunk - len(interval_losses)))[-10:]
             current += chunk
-            interval_losses = [float(r.fetch()) for r in pending[-10:]]
             losses.extend(interval_losses)
             _after_interval(current, interval_losses, started, start_step, batch, step, manager, writer)
     else:
@@ -175,6 +185,21 @@ def train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema
     return TrainResult(steps=current, resumed_from_step=start_step, seconds=round(seconds, 3),
                        examples_per_second=round(trained * batch / max(seconds, 1e-9), 1),
                        final_loss=round(losses[-1], 6) if losses else None), model
+
+
+def fetch_loss(result: Any, attempts: int = 3) -> float:
+    """A finished step's loss, copied from its worker; a failed copy is tried again.
+
+    The step itself has already run (the coordinator joined), so a failed copy is a transport error, not a
+    training one, and copying again is safe: a RemoteValue keeps its remote result until a copy succeeds.
+    """
+    for attempt in range(1, attempts):
+        try:
+            return float(result.fetch())
+        except tf.errors.InternalError as exc:
+            log.warning("copying a step's loss from its worker failed (attempt %d of %d), trying again: %s",
+                        attempt, attempts, str(exc).splitlines()[0])
+    return float(result.fetch())
 
 
 def _after_interval(current: int, interval_losses: list[float], started: float, start_step: int, batch: int,
