@@ -31,7 +31,7 @@ def run_context(context: Any, pipeline: str) -> RunContext:
         data_interval_start=start if isinstance(start, dt.datetime) else None,
         data_interval_end=end if isinstance(end, dt.datetime) else None,
         run_type=str(getattr(run_type, "value", run_type)) if run_type is not None else None,
-        params={key: params[key] for key in params},
+        params=dict(params),  # a ParamsDict resolves each value
     )
 
 

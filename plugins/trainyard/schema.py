@@ -13,6 +13,7 @@ from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -62,6 +63,9 @@ def check_volume_path(value: str) -> str:
     if any(part in ("", ".") for part in parts):
         raise ValueError(f"must be a clean relative path without empty or '.' parts (got {value!r})")
     return value
+
+
+VolumePath = Annotated[str, AfterValidator(check_volume_path)]
 
 
 class Resources(Strict):
@@ -141,7 +145,8 @@ class Expectations(Strict):
 
 
 class DataConfig(Strict):
-    source: str = Field(description="folder on the shared volume holding `<partition_key>=YYYY-MM-DD/` partitions")
+    source: VolumePath = Field(
+        description="folder on the shared volume holding `<partition_key>=YYYY-MM-DD/` partitions")
     format: Literal["csv"] = "csv"
     partition_key: Identifier = "date"
     window: Window | None = None
@@ -150,8 +155,6 @@ class DataConfig(Strict):
     expectations: Expectations = shared(Expectations())
     split: Split = shared(Split())
     shards: Shards = shared(Shards())
-
-    _check_source = field_validator("source")(classmethod(lambda cls, v: check_volume_path(v)))
 
     @model_validator(mode="after")
     def _unique_columns(self) -> DataConfig:
@@ -336,9 +339,7 @@ class AssetSchedule(Strict):
     (`trainyard mark-data`) that names it triggers the pipeline.
     """
 
-    asset: str
-
-    _check_asset = field_validator("asset")(classmethod(lambda cls, v: check_volume_path(v)))
+    asset: VolumePath
 
     @property
     def uri(self) -> str:
