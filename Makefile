@@ -28,7 +28,7 @@ stop: bootstrap
 	trainyard serve --stop
 
 lint: bootstrap
-	ruff check dags plugins images tests bench
+	ruff check contract dags plugins images tests bench
 
 check: bootstrap
 	trainyard check
@@ -38,7 +38,7 @@ test-services:
 	@scripts/install-test-services.sh
 
 test: bootstrap test-services
-	ruff check dags plugins images tests bench
+	ruff check contract dags plugins images tests bench
 	python -m pytest tests
 
 unit: bootstrap

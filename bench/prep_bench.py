@@ -20,6 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
 sys.path.insert(0, str(REPO / "images" / "prep"))
+sys.path.insert(0, str(REPO / "contract"))
+
+from trainyard_contract import layout  # noqa: E402
 
 READ_CSV = """
 import resource, sys, time
@@ -31,7 +34,7 @@ print(rows / (time.perf_counter() - t), resource.getrusage(resource.RUSAGE_SELF)
 
 
 def config_for(features: int, chunk_rows: int):
-    from trainyard.schema import PipelineConfig
+    from trainyard_contract.schema import PipelineConfig
 
     return PipelineConfig.model_validate({
         "name": "bench",
@@ -53,7 +56,7 @@ def run_stage(stage: str, volume: Path, run_dir: Path, config_json: str) -> dict
     wall = time.perf_counter() - t
     if child.returncode != 0:
         raise SystemExit(f"{stage} failed with exit code {child.returncode}")
-    out = run_dir / ("validation/results.json" if stage == "validate" else "prepared/manifest.json")
+    out = run_dir / (layout.VALIDATION_RESULTS if stage == "validate" else layout.PREPARED_MANIFEST)
     return {"wall": wall, "rows_per_second": json.loads(out.read_text())["throughput"]["rows_per_second"],
             "peak_rss_mb": usage.ru_maxrss / 1024}
 
@@ -62,9 +65,9 @@ def measure(rows: int, features: int, root: Path, chunk_rows: int) -> dict:
     from trainyard_prep.example_data import write_synthetic
 
     volume = root / f"v{rows}"
-    (path,) = write_synthetic(volume / "datasets" / "bench", rows=rows, features=features, classes=2)
+    (path,) = write_synthetic(volume / layout.DATASETS / "bench", rows=rows, features=features, classes=2)
     config_json = config_for(features, chunk_rows).model_dump_json()
-    run_dir = volume / "runs" / "bench" / "r"
+    run_dir = volume / layout.RUNS / "bench" / "r"
     validate = run_stage("validate", volume, run_dir, config_json)
     prepare = run_stage("prepare", volume, run_dir, config_json)
     read = subprocess.run([sys.executable, "-c", READ_CSV, str(path)], capture_output=True, text=True, check=True)

@@ -25,6 +25,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
 from tests.integration.serving_helpers import Server, export_tiny_model  # noqa: E402
+from trainyard_contract import layout  # noqa: E402
 from trainyard_serving.deploy import publish  # noqa: E402
 
 CLIENTS = 8
@@ -74,8 +75,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         saved = export_tiny_model(root / "export")
-        publish(root / "models" / "tiny", saved, {"run_id": "bench"})
-        server = Server(root / "models").start(root / "server.log")
+        publish(root / layout.MODELS / "tiny", saved, {"run_id": "bench"})
+        server = Server(root / layout.MODELS).start(root / "server.log")
         try:
             signature = tf.saved_model.load(str(saved)).signatures["serving_default"]
             inputs = {"a": tf.constant([1.0]), "b": tf.constant([0.0])}
@@ -113,7 +114,7 @@ def main() -> int:
 
             def publisher() -> None:
                 for _ in range(20):
-                    published.append(publish(root / "models" / "tiny", saved, {"run_id": "bench"}))
+                    published.append(publish(root / layout.MODELS / "tiny", saved, {"run_id": "bench"}))
                     time.sleep(0.4)
 
             thread = threading.Thread(target=publisher)

@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from trainyard_contract import layout
+
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -33,20 +35,22 @@ INPUT_BOUND = r'''
 import json, socket, sys, time
 from pathlib import Path
 import keras, tensorflow as tf
+from trainyard_contract import layout
 from trainyard_trainer.data import load_schema, make_dataset
 from trainyard_trainer.models import mlp
 
 def port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
 
-prepared, steps, batch = Path(sys.argv[1]), int(sys.argv[2]), 64
+run_dir, steps, batch = Path(sys.argv[1]), int(sys.argv[2]), 64
+prepared = run_dir / layout.PREPARED
 spec = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{port()}"], "ps": [f"127.0.0.1:{port()}"]})
 for job in ("worker", "ps"):
     tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc", start=True)
 resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
 strategy = tf.distribute.ParameterServerStrategy(resolver)
 coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-schema = load_schema(prepared)
+schema = load_schema(run_dir)
 with strategy.scope():
     model = mlp.build_model({"hidden_units": [64, 32]}, schema)
     optimizer = keras.optimizers.Adam(0.01)
@@ -111,12 +115,12 @@ def setup_volume(root: Path):  # noqa: ANN201
     from trainyard_prep.example_data import write_digits
 
     volume = root / "volume"
-    write_digits(volume / "datasets" / "digits", days=5, end=dt.date(2026, 11, 30))
+    write_digits(volume / layout.DATASETS / "digits", days=5, end=dt.date(2026, 11, 30))
     return volume, load_pipeline_file(REPO / "pipelines_config" / "digits.yaml")
 
 
 def with_training(config, **training):  # noqa: ANN001, ANN201
-    from trainyard.schema import PipelineConfig
+    from trainyard_contract.schema import PipelineConfig
 
     data = config.model_dump()
     data["training"].update(training)
@@ -124,17 +128,18 @@ def with_training(config, **training):  # noqa: ANN001, ANN201
 
 
 def prepared_run(volume: Path, config, run_id: str) -> Path:  # noqa: ANN001
-    from trainyard.layout import RunLayout
+    from trainyard_contract.layout import RunLayout
     from trainyard_prep.inputs import pin_inputs
     from trainyard_prep.prepare import prepare
 
-    run_dir = volume / "runs" / config.name / RunLayout.for_run("/", config.name, run_id).key
+    run_dir = volume / layout.RUNS / config.name / RunLayout.for_run("/", config.name, run_id).key
     prepare(run_dir, config, pin_inputs(volume, run_dir, config.data, None))
     return run_dir
 
 
 def job(volume: Path, config, run_id: str, kill_worker_at: str | None = None) -> tuple[dict, float, Recorder]:  # noqa: ANN001
     from trainyard.backends.local import LocalLauncher
+    from trainyard.registry import stage_named
     from trainyard.stages import RunContext
     from trainyard.training_job import launch_training
 
@@ -152,14 +157,15 @@ def job(volume: Path, config, run_id: str, kill_worker_at: str | None = None) ->
     log.propagate = False
     log.addHandler(recorder)
     started = time.time()
-    result = launch_training(config, RunContext(pipeline=config.name, run_id=run_id), launcher, log)
+    run = RunContext(pipeline=config.name, run_id=run_id)
+    result = launch_training(config, run, stage_named("train"), launcher, log)
     return result, time.time() - started, recorder
 
 
 def replica_ready_seconds(run_dir: Path, recorder: Recorder) -> dict[str, float]:
     """Per replica: from its launch (our log) to its 'serving on' line (its own log, local time, ms)."""
     out = {}
-    for path in sorted((run_dir / "cluster" / "logs").glob("*.log")):
+    for path in sorted((run_dir / layout.CLUSTER_LOGS).glob("*.log")):
         launched = recorder.first(f"started {path.stem} ")
         match = re.search(r"^(\S+ \S+) INFO .* serving on", path.read_text(), re.M)
         if launched and match:
@@ -179,7 +185,7 @@ def main() -> int:
         print("train bench (local backend, 2 cores, CPU only; no GPU machine was lent)")
         if args.only != "jobs":  # 1. input-bound check
             run_dir = prepared_run(volume, base, "input")
-            out = subprocess.run([sys.executable, "-c", INPUT_BOUND, str(run_dir / "prepared"), "800"],
+            out = subprocess.run([sys.executable, "-c", INPUT_BOUND, str(run_dir), "800"],
                                  capture_output=True, text=True, check=True)
             rates = json.loads(out.stdout.strip().splitlines()[-1])
             memory, tfrecord = statistics.median(rates["memory"]), statistics.median(rates["tfrecord"])
@@ -193,7 +199,7 @@ def main() -> int:
         result, wall, recorder = job(volume, config, "steady")
         first = recorder.first("first step done")
         task_start = recorder.lines[0][0]
-        ready = replica_ready_seconds(volume / "runs" / "digits" / "steady", recorder)
+        ready = replica_ready_seconds(volume / layout.RUNS / "digits" / "steady", recorder)
         print(f"  2. startup: {first - task_start:.1f} s from task start to the first step "
               f"(model check {recorder.first('training job ') - task_start:.1f} s of it); replica ready: {ready}")
         killed, killed_wall, _ = job(volume, config, "killed", kill_worker_at="step 300 ")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv (pinned), installs Trainyard editable, and initialises the embedded Airflow home in .airflow/.
+# Creates .venv (pinned), installs the stage contract and Trainyard editable, and initialises the embedded Airflow home in .airflow/.
 # Idempotent: each step is skipped when its inputs have not changed, so `make test` after `make demo` is quick.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,12 +14,14 @@ if ! command -v "$PYTHON" >/dev/null 2>&1; then
 fi
 
 stamp="$VENV/.trainyard-installed"
-want=$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)
+want=$(cat requirements.txt constraints.txt pyproject.toml contract/pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "bootstrap: installing pinned dependencies into $VENV (first time: ~2 minutes, ~2.8 GB)"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check pip==26.3
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -r requirements.txt
+  # the stage contract first (its own package, as every image installs it), then Trainyard itself
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e contract
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
   "$VENV/bin/python" -m pip check
   echo "$want" > "$stamp"

@@ -20,7 +20,8 @@ from trainyard.config_loader import (
     load_pipeline_file,
     pipeline_files,
 )
-from trainyard.schema import PipelineConfig
+from trainyard_contract import layout
+from trainyard_contract.schema import PipelineConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -74,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     config, path = loaded
     from trainyard.dag_factory import build_dag
-    from trainyard.layout import run_key
+    from trainyard_contract.layout import run_key
 
     dag = build_dag(config, str(path))
     unknown = sorted(set(conf) - set(dag.params.keys()))
@@ -83,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     logical_date = dt.datetime.now(dt.UTC).replace(microsecond=0)
     dag_run = dag.test(logical_date=logical_date, run_conf=conf)
-    run_dir = settings.data_dir() / "runs" / config.name / run_key(dag_run.run_id)
+    run_dir = layout.runs_dir(settings.data_dir(), config.name) / run_key(dag_run.run_id)
     state = str(getattr(dag_run.state, "value", dag_run.state))
     print(f"trainyard run: {config.name} run {dag_run.run_id} finished: {state}")
     print(f"trainyard run: run folder: {run_dir}")
@@ -96,13 +97,13 @@ def cmd_data(args: argparse.Namespace) -> int:
     root = settings.data_dir()
     end = dt.date.fromisoformat(args.end_date) if args.end_date else None
     if args.dataset == "digits":
-        target = root / "datasets" / "digits"
+        target = layout.dataset_dir(root, "digits")
         if target.exists() and any(target.iterdir()) and not args.force:
             print(f"trainyard data: {target} already has data (use --force to rewrite)")
             return EXIT_OK
         paths = example_data.write_digits(target, days=args.days, end=end)
     else:
-        target = root / "datasets" / (args.name or "synthetic")
+        target = layout.dataset_dir(root, args.name or "synthetic")
         paths = example_data.write_synthetic(target, rows=args.rows, features=args.features, days=args.days, end=end)
     print(f"trainyard data: wrote {len(paths)} partition file(s) under {target}")
     return EXIT_OK
@@ -117,7 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
     import subprocess
 
-    models = settings.data_dir() / "models"
+    models = settings.data_dir() / layout.MODELS
     models.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "trainyard_serving", "serve", "--models-dir", str(models),
             "--grpc-port", str(args.grpc_port), "--rest-port", str(args.rest_port)]
@@ -186,7 +187,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_FAILED
     config = loaded[0]
-    runs = sorted((settings.data_dir() / "runs" / config.name).glob("*/eval/smoke.json"),
+    runs = sorted(layout.runs_dir(settings.data_dir(), config.name).glob(f"*/{layout.SMOKE_SET}"),
                   key=lambda p: p.stat().st_mtime)
     if not runs:
         print(f"trainyard predict: no evaluated run of {config.name} yet (run `trainyard run {config.name}`)",
@@ -247,7 +248,7 @@ def cmd_mark_data(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     config = loaded[0]
     from trainyard.airflow_api import AirflowApi, ApiError
-    from trainyard.schema import AssetSchedule
+    from trainyard_contract.schema import AssetSchedule
 
     if not isinstance(config.schedule, AssetSchedule):
         print(f"trainyard mark-data: pipeline {config.name!r} is not scheduled on data "

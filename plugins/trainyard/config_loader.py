@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from trainyard.schema import UNION_TAGS, PipelineConfig
 from trainyard.yaml_source import Loc, SourceDocument, YamlSourceError, load_yaml_file
+from trainyard_contract.schema import UNION_TAGS, PipelineConfig
 
 DEFAULTS_FILE = "_defaults.yaml"
 CONFIG_SUFFIXES = (".yaml", ".yml")

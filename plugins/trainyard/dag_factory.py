@@ -8,26 +8,20 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import DAG, Asset
+from airflow.sdk import DAG, Asset, BaseOperator
 
 from trainyard.config_loader import display_path, find_pipeline_file, load_pipeline_file
 from trainyard.operators import DecideOperator, StageOperator, TrainJobOperator, TrainTeardownOperator
 from trainyard.params import build_params
-from trainyard.schema import AssetSchedule, PipelineConfig
+from trainyard.registry import STAGES, Stage, skip_task_id, teardown_task_id
 from trainyard.settings import pipelines_dir
-
-STAGES = (
-    ("validate_data", "validate", "Great Expectations suite from the config on the run's input partitions."),
-    ("prepare_data", "prepare", "Deterministic split into TFRecord shards with schema, stats and manifest."),
-    ("train", "train", "Distributed TensorFlow job (chief + parameter servers + workers); exports the SavedModel."),
-    ("evaluate", "evaluate", "Metrics on the eval split beside the served model's; report with plots."),
-    ("decide", "decide", "Thresholds met and better than the champion (or forced): deploy, else skip; reasons logged."),
-    ("deploy", "deploy", "Publish version N+1, wait until AVAILABLE, smoke-test Predict, roll back on failure."),
-)
+from trainyard_contract.schema import AssetSchedule, PipelineConfig
 
 TEARDOWN_DOC = "Deletes any replica pod or Service of this run's training job left behind (runs whatever train did)."
+SKIP_DOC = "The model did not earn a deploy (see decide)."
 
 
 def describe_schedule(config: PipelineConfig) -> str:
@@ -36,11 +30,27 @@ def describe_schedule(config: PipelineConfig) -> str:
     return f"`{config.schedule}`" if config.schedule else "manual"
 
 
-def render_doc(config: PipelineConfig, source: str) -> str:
+def artifact_list(artifacts: tuple[object, ...]) -> str:
+    return ", ".join(f"`{a}`" for a in artifacts) or "-"
+
+
+def stage_rows(stages: tuple[Stage, ...]) -> str:
+    """The DAG doc's task table, from the stage declarations (with the tasks their kinds add)."""
+    rows = []
+    for i, stage in enumerate(stages):
+        rows.append(f"| `{stage.task_id}` | {stage.hardware.upper()} | {stage.doc} | {artifact_list(stage.reads)} | "
+                    f"{artifact_list(stage.writes)} |")
+        if stage.kind == "job":
+            rows.append(f"| `{teardown_task_id(stage)}` | - | {TEARDOWN_DOC} | - | - |")
+        if stage.kind == "branch" and i + 1 < len(stages):
+            rows.append(f"| `{skip_task_id(stages[i + 1])}` | - | {SKIP_DOC} | - | - |")
+    return "\n".join(rows)
+
+
+def render_doc(config: PipelineConfig, source: str, stages: tuple[Stage, ...] = STAGES) -> str:
     data, training = config.data, config.training
     window = f"the last {data.window.days} day(s)" if data.window else "every partition up to the run's end"
-    rows = "\n".join(f"| `{task_id}` | {what} |" for task_id, _, what in STAGES)
-    rows += f"\n| `teardown_train` | {TEARDOWN_DOC} |"
+    rows = stage_rows(stages)
     return f"""### {config.name}
 
 {config.description or "A Trainyard pipeline."}
@@ -48,8 +58,8 @@ def render_doc(config: PipelineConfig, source: str) -> str:
 *Config:* `{source}` · *owner:* {config.owner} · *backend:* {config.backend or "local (default)"} ·
 *schedule:* {describe_schedule(config)} · *pools:* `{training.pool}` (train), `{config.deploy.pool}` (deploy)
 
-| task | what it does |
-|---|---|
+| task | on | what it does | reads | writes |
+|---|---|---|---|---|
 {rows}
 
 * **Data:** `{data.source}` ({data.format}, partitions `{data.partition_key}=YYYY-MM-DD`), {window};
@@ -57,7 +67,7 @@ def render_doc(config: PipelineConfig, source: str) -> str:
   eval split {data.split.eval_fraction:.0%}, {data.shards.train} train / {data.shards.eval} eval shard(s).
 * **Training:** `{training.strategy}`, {training.workers.replicas} worker(s), {training.ps.replicas} PS,
   model `{training.model.module}`, {training.steps} steps of batch {training.batch_size}.
-* **Run folder:** `runs/{config.name}/<run_key>/` on the shared volume.
+* **Run folder:** `runs/{config.name}/<run_key>/` on the shared volume (reads and writes above are relative to it).
 
 Trigger with parameters to override steps, learning rate, batch size, replicas or the data window for one run.
 """
@@ -74,8 +84,25 @@ def dag_schedule(config: PipelineConfig) -> str | list[Asset] | None:
     return config.schedule
 
 
-def build_dag(config: PipelineConfig, source: str = "") -> DAG:
-    """One DAG for one validated config."""
+def stage_task(config: PipelineConfig, stage: Stage, next_stage: Stage | None) -> BaseOperator:
+    """The operator a stage's kind names."""
+    common: dict[str, Any] = {"task_id": stage.task_id, "config": config, "stage": stage, "doc_md": stage.doc,
+                              "retries": stage.retries(config)}
+    if stage.pool(config):
+        common["pool"] = stage.pool(config)
+    if stage.timeout is not None:
+        common["execution_timeout"] = stage.timeout
+    if stage.kind == "job":
+        return TrainJobOperator(**common)
+    if stage.kind == "branch":
+        if next_stage is None:
+            raise ValueError(f"branch stage {stage.name!r} must be followed by the stage it gates")
+        return DecideOperator(follow=next_stage.task_id, skip=skip_task_id(next_stage), **common)
+    return StageOperator(**common)
+
+
+def build_dag(config: PipelineConfig, source: str = "", stages: tuple[Stage, ...] = STAGES) -> DAG:
+    """One DAG for one validated config: a chain of the declared stages (with the tasks their kinds add)."""
     start = dt.datetime.combine(config.start_date, dt.time(), tzinfo=dt.UTC)
     with DAG(
         dag_id=config.name,
@@ -86,7 +113,7 @@ def build_dag(config: PipelineConfig, source: str = "") -> DAG:
         max_active_runs=config.max_active_runs,
         tags=sorted({"trainyard", *config.tags}),
         params=build_params(config),
-        doc_md=render_doc(config, source),
+        doc_md=render_doc(config, source, stages),
         default_args={
             "owner": config.owner,
             "retries": config.retries,
@@ -94,18 +121,14 @@ def build_dag(config: PipelineConfig, source: str = "") -> DAG:
         },
     ) as dag:
         previous = None
-        for task_id, stage, what in STAGES:
-            if stage == "train":
-                task = TrainJobOperator(task_id=task_id, config=config, doc_md=what, pool=config.training.pool,
-                                        execution_timeout=dt.timedelta(hours=12))
-                task >> TrainTeardownOperator(task_id="teardown_train", config=config, doc_md=TEARDOWN_DOC)
-            elif stage == "decide":
-                task = DecideOperator(task_id=task_id, config=config, doc_md=what)
-                skip = EmptyOperator(task_id="skip_deploy", doc_md="The model did not earn a deploy (see decide).")
-                task >> skip
-            else:
-                pool = {"pool": config.deploy.pool} if stage == "deploy" else {}
-                task = StageOperator(task_id=task_id, config=config, stage=stage, doc_md=what, **pool)
+        for i, stage in enumerate(stages):
+            next_stage = stages[i + 1] if i + 1 < len(stages) else None
+            task = stage_task(config, stage, next_stage)
+            if stage.kind == "job":
+                task >> TrainTeardownOperator(task_id=teardown_task_id(stage), config=config, stage=stage,
+                                              doc_md=TEARDOWN_DOC)
+            if stage.kind == "branch" and next_stage is not None:
+                task >> EmptyOperator(task_id=skip_task_id(next_stage), doc_md=SKIP_DOC)
             if previous is not None:
                 previous >> task
             previous = task

@@ -1,19 +1,14 @@
-"""The explicit image -> local command mapping used by the local backend.
+"""The image -> local command mapping used by the local backend.
 
 A pod runs `python -m <module> ...` inside one of Trainyard's images; locally the same module runs with this
-venv's interpreter. Images outside this table cannot run on the local backend, and say so.
+venv's interpreter. The table of images and their modules comes from the stage registry (`registry.images`);
+an image outside it cannot run on the local backend, and says so.
 """
 
 from __future__ import annotations
 
 import sys
-
-LOCAL_IMAGE_MODULES: dict[str, str] = {
-    "trainyard/prep": "trainyard_prep",
-    "trainyard/trainer": "trainyard_trainer",
-    "trainyard/evaluate": "trainyard_trainer",
-    "trainyard/serving": "trainyard_serving",
-}
+from collections.abc import Mapping
 
 
 def image_repository(image: str) -> str:
@@ -28,12 +23,12 @@ def image_repository(image: str) -> str:
     return "/".join(parts)
 
 
-def local_command(image: str, command: list[str]) -> list[str]:
+def local_command(image: str, command: list[str], images: Mapping[str, str]) -> list[str]:
     """The local argv for a container's command, or a ValueError that says what the local backend can run."""
     repository = image_repository(image)
-    module = LOCAL_IMAGE_MODULES.get(repository)
+    module = images.get(repository)
     if module is None:
-        known = ", ".join(sorted(LOCAL_IMAGE_MODULES))
+        known = ", ".join(sorted(images))
         raise ValueError(
             f"image {image!r} has no local equivalent; the local backend runs Trainyard's own images ({known}). "
             "Use the kubernetes backend for custom images."

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.branch import BranchMixIn
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from trainyard.params import apply_overrides
-from trainyard.schema import PipelineConfig
+from trainyard.registry import Stage
+from trainyard.registry import images as registry_images
 from trainyard.settings import backend_name
 from trainyard.stages import RunContext
+from trainyard_contract.schema import PipelineConfig
+
+if TYPE_CHECKING:
+    from trainyard.backends.base import Launcher, StageFailed
 
 XCOM_LIMIT_BYTES = 64 * 1024
 
@@ -35,49 +40,62 @@ def run_context(context: Any, pipeline: str) -> RunContext:
     )
 
 
-class StageOperator(BaseOperator):
-    """Builds the stage's pod spec from the config and this run, and launches it through the backend.
+def bad_input(exc: StageFailed, stage: Stage) -> AirflowFailException:
+    """A stage that said its input is bad fails for good: Airflow's retry would fail the same way."""
+    return AirflowFailException(f"{exc}\n({stage.bad_input_hint})")
 
-    Returns the stage's small JSON result (counts, paths, metrics) as XCom; data never travels through XCom.
-    """
+
+class StageOperator(BaseOperator):
+    """Builds the stage's pod spec from its declaration, the config and this run, and launches it through the
+    backend. Returns the stage's small JSON result (counts, paths, metrics) as XCom; data never travels through
+    XCom. A result with a `skipped` reason marks the task skipped (deploy without decide's blessing)."""
 
     ui_color = "#d6eaf8"
 
-    def __init__(self, *, config: PipelineConfig, stage: str, **kwargs: Any):
+    def __init__(self, *, config: PipelineConfig, stage: Stage, images: dict[str, str] | None = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         self.config = config
         self.stage = stage
-        self._launcher: Any = None
+        self.images = images if images is not None else registry_images((stage,))
+        self._launcher: Launcher | None = None
+
+    def launcher(self, config: PipelineConfig) -> Launcher:
+        from trainyard.backends import launcher_for
+
+        self._launcher = launcher_for(backend_name(config.backend), config, self.images)
+        return self._launcher
 
     def execute(self, context: Any) -> dict[str, Any] | None:
-        from trainyard.backends import launcher_for
         from trainyard.backends.base import StageFailed
         from trainyard.podspec import build_stage_pod
         from trainyard.stages import stage_container
 
         config = apply_overrides(self.config, context["params"])
         run = run_context(context, config.name)
-        self._launcher = launcher_for(backend_name(config.backend), config)
-        extra = self.extra_args(context, config)
+        launcher = self.launcher(config)
+        extra = self.stage.flags(context["params"])
+        if self.stage.needs_serving:
+            extra += ("--endpoint", self.ensure_serving(launcher, config))
         pod = build_stage_pod(config, run, stage_container(config, run, self.stage, extra))
         try:
-            result = self._launcher.run_pod(pod, self.log, context)
+            result = launcher.run_pod(pod, self.log, context)
         except StageFailed as exc:
             if not exc.retryable:
-                hint = "(bad input: not retried; fix the data or config and re-run)"
-                raise AirflowFailException(f"{exc}\n{hint}") from exc
+                raise bad_input(exc, self.stage) from exc
             raise
         if result is not None and len(json.dumps(result)) > XCOM_LIMIT_BYTES:
-            raise ValueError(f"stage {self.stage!r} returned more than {XCOM_LIMIT_BYTES} bytes of XCom")
+            raise ValueError(f"stage {self.stage.name!r} returned more than {XCOM_LIMIT_BYTES} bytes of XCom")
+        if result is not None and result.get("skipped"):
+            raise AirflowSkipException(f"{self.stage.task_id} skipped: {result['skipped']}")
         return result
 
-    def extra_args(self, context: Any, config: PipelineConfig) -> tuple[str, ...]:
-        """Stage arguments that depend on the run: decide's --force, deploy's serving endpoint."""
-        if self.stage == "decide" and context["params"].get("force_deploy"):
-            return ("--force",)
-        if self.stage == "deploy":
-            return ("--endpoint", self._launcher.serving_endpoint(config))
-        return ()
+    def ensure_serving(self, launcher: Launcher, config: PipelineConfig) -> str:
+        """The named step before a stage that talks to serving: make sure the endpoint exists; its address."""
+        self.log.info("step: ensure the serving endpoint of model %s", config.model_name)
+        endpoint = launcher.ensure_serving(config, self.log)
+        self.log.info("serving endpoint: %s", endpoint)
+        return endpoint
 
     def on_kill(self) -> None:
         if self._launcher is not None:
@@ -85,50 +103,45 @@ class StageOperator(BaseOperator):
 
 
 class DecideOperator(StageOperator, BranchMixIn):
-    """The decide pod, then a branch: `deploy` when the decision says so, else `skip_deploy` (a success)."""
+    """The decide pod, then a branch: `follow` (deploy) when the decision says so, else `skip` (a success)."""
 
     ui_color = "#e8daef"
 
-    def __init__(self, *, config: PipelineConfig, **kwargs: Any):
-        super().__init__(config=config, stage="decide", **kwargs)
+    def __init__(self, *, follow: str, skip: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.follow, self.skip = follow, skip
 
     def execute(self, context: Any) -> Any:
         decision = super().execute(context) or {}
-        verdict = "DEPLOY" if decision.get("deploy") else "SKIP"
-        self.log.info("decision: %s%s", verdict, " (forced)" if decision.get("forced") else "")
+        go_on = bool(decision.get(self.stage.branch_on or "deploy"))
+        self.log.info("decision: %s%s", "DEPLOY" if go_on else "SKIP", " (forced)" if decision.get("forced") else "")
         for reason in decision.get("reasons", []):
             self.log.info("  - %s", reason)
-        return self.do_branch(context, "deploy" if decision.get("deploy") else "skip_deploy")
+        return self.do_branch(context, self.follow if go_on else self.skip)
 
 
 class TrainJobOperator(StageOperator):
     """Launches the whole training job (chief + PS + workers) through the backend; succeeds when the chief does.
 
     First a one-pod model check (a bad model module or params fails before any replica starts), then the job.
-    A worker lost mid-training is restarted within `training.restart_budget`; a lost PS or chief fails the attempt,
-    and Airflow's retry resumes from the last checkpoint in the run folder.
+    A worker lost mid-training is restarted within `training.restart_budget` (the contract's replica policy); a
+    lost PS or chief fails the attempt, and Airflow's retry resumes from the last checkpoint in the run folder.
     """
 
     ui_color = "#fdebd0"
 
-    def __init__(self, *, config: PipelineConfig, **kwargs: Any):
-        super().__init__(config=config, stage="train", **kwargs)
-
     def execute(self, context: Any) -> dict[str, Any] | None:
-        from trainyard.backends import launcher_for
         from trainyard.backends.base import StageFailed
         from trainyard.training_job import launch_training
 
         config = apply_overrides(self.config, context["params"])
         run = run_context(context, config.name)
-        self._launcher = launcher_for(backend_name(config.backend), config)
         try:
-            result = launch_training(config, run, self._launcher, self.log, context)
+            return launch_training(config, run, self.stage, self.launcher(config), self.log, context)
         except StageFailed as exc:
             if not exc.retryable:
-                raise AirflowFailException(f"{exc}\n(bad config: not retried; fix training.model and re-run)") from exc
+                raise bad_input(exc, self.stage) from exc
             raise
-        return result
 
 
 class TrainTeardownOperator(BaseOperator):
@@ -137,17 +150,18 @@ class TrainTeardownOperator(BaseOperator):
 
     ui_color = "#eaeded"
 
-    def __init__(self, *, config: PipelineConfig, **kwargs: Any):
+    def __init__(self, *, config: PipelineConfig, stage: Stage, **kwargs: Any):
         super().__init__(trigger_rule="all_done", **kwargs)
         self.config = config
+        self.stage = stage
 
     def execute(self, context: Any) -> int:
         from trainyard.backends import launcher_for
-        from trainyard.cluster_spec import job_name
-        from trainyard.layout import run_key
         from trainyard.podspec import job_selector
+        from trainyard_contract.cluster_spec import job_name
+        from trainyard_contract.layout import run_key
 
         run = run_context(context, self.config.name)
         launcher = launcher_for(backend_name(self.config.backend), self.config)
-        return launcher.cleanup_job(job_selector(self.config, run), job_name(self.config.name, run_key(run.run_id)),
-                                    self.log)
+        return launcher.cleanup_job(job_selector(self.config, run, self.stage),
+                                    job_name(self.config.name, run_key(run.run_id)), self.log)

@@ -12,7 +12,7 @@ from typing import Any
 from airflow.sdk import Param
 from pydantic import ValidationError
 
-from trainyard.schema import PipelineConfig
+from trainyard_contract.schema import PipelineConfig
 
 
 class OverrideError(ValueError):

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import PurePosixPath
 
 from kubernetes.client import models as k8s
 
-from trainyard.layout import run_key
-from trainyard.schema import GpuTier, PipelineConfig, Resources
-from trainyard.stages import XCOM_DIR, ContainerSpec, RunContext
+from trainyard.registry import Stage
+from trainyard.stages import ContainerSpec, RunContext
+from trainyard_contract.layout import models_dir, run_key
+from trainyard_contract.runtime import XCOM_DIR
+from trainyard_contract.schema import GpuTier, PipelineConfig, Resources
 
 VOLUME_NAME = "trainyard-data"
 SCRATCH_NAME = "scratch"
@@ -54,10 +57,10 @@ def pod_labels(config: PipelineConfig, run: RunContext, spec: ContainerSpec, ind
     return labels
 
 
-def job_selector(config: PipelineConfig, run: RunContext) -> dict[str, str]:
+def job_selector(config: PipelineConfig, run: RunContext, stage: Stage) -> dict[str, str]:
     """The labels every replica pod of a run's training job carries (the headless Service selects on them)."""
     return {"trainyard/pipeline": label_value(config.name), "trainyard/run": label_value(run_key(run.run_id)),
-            "trainyard/stage": "train"}
+            "trainyard/stage": stage.name}
 
 
 def resource_requirements(resources: Resources) -> k8s.V1ResourceRequirements:
@@ -208,7 +211,7 @@ def build_job_pods(config: PipelineConfig, run: RunContext, specs: list[Containe
     return pods
 
 
-def build_headless_service(config: PipelineConfig, run: RunContext, job: str) -> k8s.V1Service:
+def build_headless_service(config: PipelineConfig, run: RunContext, stage: Stage, job: str) -> k8s.V1Service:
     """The Service that gives each replica pod its `<pod>.<job>.<ns>.svc` DNS name (clusterIP: None)."""
     return k8s.V1Service(
         api_version="v1",
@@ -216,12 +219,12 @@ def build_headless_service(config: PipelineConfig, run: RunContext, job: str) ->
         metadata=k8s.V1ObjectMeta(
             name=job,
             namespace=config.kubernetes.namespace,
-            labels={"app.kubernetes.io/managed-by": "trainyard", **job_selector(config, run)},
+            labels={"app.kubernetes.io/managed-by": "trainyard", **job_selector(config, run, stage)},
         ),
         spec=k8s.V1ServiceSpec(
             cluster_ip="None",
             publish_not_ready_addresses=True,
-            selector=job_selector(config, run),
+            selector=job_selector(config, run, stage),
             ports=[k8s.V1ServicePort(name="grpc", port=config.training.port, target_port=config.training.port)],
         ),
     )
@@ -242,7 +245,7 @@ def build_serving_deployment(config: PipelineConfig) -> k8s.V1Deployment:
         name="tensorflow-serving",
         image=deploy.image,
         args=[f"--model_name={config.model_name}",
-              f"--model_base_path={volume.mount_path}/models/{config.model_name}",
+              f"--model_base_path={models_dir(PurePosixPath(volume.mount_path), config.model_name)}",
               f"--port={deploy.grpc_port}", f"--rest_api_port={deploy.rest_port}",
               "--file_system_poll_wait_seconds=1"],
         ports=[k8s.V1ContainerPort(name="grpc", container_port=deploy.grpc_port),

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from trainyard.schema import PipelineConfig
+from trainyard.registry import STAGES, Stage
+from trainyard_contract.schema import PipelineConfig
 
 DEFAULT_SLOTS = 1
 
 
-def required_pools(configs: Iterable[PipelineConfig]) -> dict[str, str]:
-    """Pool name -> a description naming the pipelines and steps that use it."""
+def required_pools(configs: Iterable[PipelineConfig], stages: tuple[Stage, ...] = STAGES) -> dict[str, str]:
+    """Pool name -> a description naming the pipelines and stages that use it (each stage declares its pool)."""
     users: dict[str, list[str]] = {}
     for config in configs:
-        users.setdefault(config.training.pool, []).append(f"{config.name}.train")
-        users.setdefault(config.deploy.pool, []).append(f"{config.name}.deploy")
+        for stage in stages:
+            pool = stage.pool(config)
+            if pool:
+                users.setdefault(pool, []).append(f"{config.name}.{stage.task_id}")
     return {name: f"Trainyard: {', '.join(sorted(tasks))}" for name, tasks in sorted(users.items())}
 
 

@@ -12,8 +12,6 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from trainyard.cluster_spec import job_name, kubernetes_hosts
-from trainyard.layout import run_key
 from trainyard.podspec import (
     build_headless_service,
     build_job_pods,
@@ -22,34 +20,47 @@ from trainyard.podspec import (
     build_stage_pod,
     serving_address,
 )
-from trainyard.schema import PipelineConfig
+from trainyard.registry import STAGES, Stage
 from trainyard.stages import RunContext, stage_container, train_containers, train_replicas
+from trainyard_contract.cluster_spec import job_name, kubernetes_hosts
+from trainyard_contract.layout import run_key
+from trainyard_contract.schema import PipelineConfig
 
-SINGLE_POD_STAGES = ("validate", "prepare", "check_model", "evaluate", "decide", "deploy")
 
-
-def render_run(config: PipelineConfig, run_id: str, window_end: dt.datetime | None = None) -> list[dict[str, Any]]:
+def render_run(config: PipelineConfig, run_id: str, window_end: dt.datetime | None = None,
+               stages: tuple[Stage, ...] = STAGES) -> list[dict[str, Any]]:
+    """Each declared stage's pods in order (a job's check pod, headless Service and replicas), then the serving
+    Deployment and Service when a stage talks to serving. Param-dependent flags (force_deploy) are left out."""
     run = RunContext(pipeline=config.name, run_id=run_id, data_interval_end=window_end)
-    serving = serving_address(config)
     objects: list[Any] = []
-    for stage in SINGLE_POD_STAGES:
-        extra = ("--endpoint", serving) if stage == "deploy" else ()
+    for stage in stages:
+        if stage.kind == "job":
+            objects.extend(job_objects(config, run, stage))
+            continue
+        extra = ("--endpoint", serving_address(config)) if stage.needs_serving else ()
         objects.append(build_stage_pod(config, run, stage_container(config, run, stage, extra)))
-    job = job_name(config.name, run_key(run_id))
-    cluster = kubernetes_hosts(job, config.kubernetes.namespace, config.training.port, train_replicas(config))
-    objects.append(build_headless_service(config, run, job))
-    objects.extend(build_job_pods(config, run, train_containers(config, run, cluster), job))
-    objects.append(build_serving_deployment(config))
-    objects.append(build_serving_service(config))
+    if any(stage.needs_serving for stage in stages):
+        objects += [build_serving_deployment(config), build_serving_service(config)]
     client = ApiClient()
     return [client.sanitize_for_serialization(obj) for obj in objects]
+
+
+def job_objects(config: PipelineConfig, run: RunContext, stage: Stage) -> list[Any]:
+    job = job_name(config.name, run_key(run.run_id))
+    cluster = kubernetes_hosts(job, config.kubernetes.namespace, config.training.port, train_replicas(config))
+    objects: list[Any] = []
+    if stage.check_command is not None:
+        objects.append(build_stage_pod(config, run, stage_container(config, run, stage, check=True)))
+    objects.append(build_headless_service(config, run, stage, job))
+    objects.extend(build_job_pods(config, run, train_containers(config, run, stage, cluster), job))
+    return objects
 
 
 def write_manifests(manifests: list[dict[str, Any]], out: Path) -> list[Path]:
     """One YAML file per object, `<kind>-<name>.yaml`, written by temp-then-rename."""
     import yaml
 
-    from trainyard.atomic import write_bytes
+    from trainyard_contract.atomic import write_bytes
 
     paths = []
     for manifest in manifests:

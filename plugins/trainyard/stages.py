@@ -1,7 +1,9 @@
-"""What each stage runs: image, entrypoint and arguments, as pure functions of the config and the run.
+"""What each stage runs: image, entrypoint and arguments, as pure functions of its declaration, the config and
+the run.
 
 The same `ContainerSpec` becomes a Kubernetes pod (podspec.py) or a local process (backends/local.py), so no
-stage logic is forked per backend.
+stage logic is forked per backend. The declarations live in registry.py; the pod environment's names in the
+contract's runtime module, which the stage entrypoints read them with.
 """
 
 from __future__ import annotations
@@ -11,25 +13,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainyard.cluster_spec import Replicas, tf_config
-from trainyard.layout import RunLayout
-from trainyard.schema import PipelineConfig, Resources
-
-XCOM_DIR = "/airflow/xcom"
-XCOM_RETURN = f"{XCOM_DIR}/return.json"
-CONFIG_ENV = "TRAINYARD_CONFIG_JSON"
-RUN_ENV = "TRAINYARD_RUN_JSON"  # how the run was started (run type, trigger Params): recorded in its lineage
-
-# stage name -> (python module run in the image, sub-command)
-STAGE_ENTRYPOINTS: dict[str, tuple[str, str]] = {
-    "validate": ("trainyard_prep", "validate"),
-    "prepare": ("trainyard_prep", "prepare"),
-    "check_model": ("trainyard_trainer", "check"),
-    "train": ("trainyard_trainer", "train"),
-    "evaluate": ("trainyard_trainer", "evaluate"),
-    "decide": ("trainyard_trainer", "decide"),
-    "deploy": ("trainyard_serving", "deploy"),
-}
+from trainyard.registry import Stage
+from trainyard_contract.cluster_spec import Replicas, tf_config
+from trainyard_contract.layout import RunLayout
+from trainyard_contract.runtime import CONFIG_ENV, RUN_ENV, XCOM_RETURN
+from trainyard_contract.schema import PipelineConfig, Resources
 
 
 @dataclass(frozen=True)
@@ -64,29 +52,16 @@ class ContainerSpec:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def stage_image(config: PipelineConfig, stage: str) -> tuple[str, Resources]:
-    if stage in ("validate", "prepare"):
-        return config.prep.image, config.prep.resources
-    if stage in ("check_model", "train"):
-        return config.training.image, config.training.chief
-    if stage in ("evaluate", "decide"):
-        return config.evaluation.image, config.evaluation.resources
-    if stage == "deploy":
-        return config.deploy.client_image, config.deploy.client_resources
-    raise ValueError(f"unknown stage {stage!r}; known: {', '.join(STAGE_ENTRYPOINTS)}")
-
-
-def stage_container(config: PipelineConfig, run: RunContext, stage: str,
-                    extra_args: tuple[str, ...] = ()) -> ContainerSpec:
-    """The container that runs `stage` of `run` with the (already overridden) `config`."""
-    if stage not in STAGE_ENTRYPOINTS:
-        raise ValueError(f"unknown stage {stage!r}; known: {', '.join(STAGE_ENTRYPOINTS)}")
-    module, subcommand = STAGE_ENTRYPOINTS[stage]
-    image, resources = stage_image(config, stage)
+def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra_args: tuple[str, ...] = (),
+                    *, check: bool = False) -> ContainerSpec:
+    """The container that runs `stage` of `run` with the (already overridden) `config`; `check` builds a job
+    stage's one-pod check instead (its `check_command`, labelled `check_name`)."""
+    if check and stage.check_command is None:
+        raise ValueError(f"stage {stage.name!r} declares no check command")
     mount = config.kubernetes.volume.mount_path
     layout = RunLayout.for_run(mount, config.name, run.run_id)
     args = [
-        subcommand,
+        stage.check_command if check else stage.command,
         "--volume", mount,
         "--run-dir", str(layout.run_dir),
         "--run-id", run.run_id,
@@ -101,13 +76,13 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: str,
     if trigger is not None:
         env[RUN_ENV] = json.dumps(trigger, sort_keys=True, default=str)
     return ContainerSpec(
-        stage=stage,
+        stage=(stage.check_name or stage.name) if check else stage.name,
         role="main",
-        image=image,
-        command=["python", "-m", module],
+        image=stage.configured_image(config),
+        command=["python", "-m", stage.image.module],
         args=args,
         env=env,
-        resources=resources,
+        resources=stage.resources(config),
     )
 
 
@@ -122,13 +97,14 @@ def role_resources(config: PipelineConfig, role: str) -> Resources:
     return {"chief": training.chief, "ps": training.ps.resources, "worker": training.workers.resources}[role]
 
 
-def train_containers(config: PipelineConfig, run: RunContext, cluster: dict[str, list[str]]) -> list[ContainerSpec]:
+def train_containers(config: PipelineConfig, run: RunContext, stage: Stage,
+                     cluster: dict[str, list[str]]) -> list[ContainerSpec]:
     """One container per replica of the training job, each with its TF_CONFIG, from the same builder."""
-    base = stage_container(config, run, "train")
+    base = stage_container(config, run, stage)
     specs = []
     for role, index in train_replicas(config).tasks():
         env = {**base.env, "TF_CONFIG": tf_config(cluster, role, index)}
-        specs.append(ContainerSpec(stage="train", role=role, image=base.image, command=base.command, args=base.args,
-                                   env=env, resources=role_resources(config, role),
+        specs.append(ContainerSpec(stage=base.stage, role=role, image=base.image, command=base.command,
+                                   args=base.args, env=env, resources=role_resources(config, role),
                                    labels={"trainyard/index": str(index)}))
     return specs

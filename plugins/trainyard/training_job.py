@@ -8,21 +8,26 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from trainyard.cluster_spec import job_name
-from trainyard.layout import RunLayout
+from trainyard.backends.base import Launcher
 from trainyard.podspec import build_headless_service, build_job_pods, build_stage_pod
-from trainyard.schema import PipelineConfig
+from trainyard.registry import Stage
 from trainyard.stages import RunContext, stage_container, train_containers, train_replicas
+from trainyard_contract import layout
+from trainyard_contract.cluster_spec import job_name
+from trainyard_contract.layout import RunLayout
+from trainyard_contract.schema import PipelineConfig
 
 
-def launch_training(
-    config: PipelineConfig, run: RunContext, launcher: Any, log: logging.Logger, context: Any = None
-) -> dict[str, Any] | None:
-    layout = RunLayout.for_run(config.kubernetes.volume.mount_path, config.name, run.run_id)
-    launcher.run_pod(build_stage_pod(config, run, stage_container(config, run, "check_model")), log, context)
-    job = job_name(config.name, layout.key)
+def launch_training(config: PipelineConfig, run: RunContext, stage: Stage, launcher: Launcher, log: logging.Logger,
+                    context: Any = None) -> dict[str, Any] | None:
+    """The job stage `stage` of `run`: its one-pod check, then every replica until the chief ends."""
+    run_layout = RunLayout.for_run(config.kubernetes.volume.mount_path, config.name, run.run_id)
+    if stage.check_command is not None:
+        check = stage_container(config, run, stage, check=True)
+        launcher.run_pod(build_stage_pod(config, run, check), log, context)
+    job = job_name(config.name, run_layout.key)
     cluster = launcher.cluster_hosts(job, config.kubernetes.namespace, config.training.port, train_replicas(config))
     log.info("training job %s: cluster %s", job, cluster)
-    pods = build_job_pods(config, run, train_containers(config, run, cluster), job)
-    return launcher.run_job(pods, log, config.training.restart_budget, str(layout.stage_dir("cluster") / "logs"),
-                            service=build_headless_service(config, run, job))
+    pods = build_job_pods(config, run, train_containers(config, run, stage, cluster), job)
+    return launcher.run_job(pods, log, config.training.restart_budget, str(run_layout.path(layout.CLUSTER_LOGS)),
+                            service=build_headless_service(config, run, stage, job))

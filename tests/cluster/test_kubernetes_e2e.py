@@ -61,12 +61,13 @@ def run_to_completion(core_api, pod) -> str:  # noqa: ANN001
 def test_example_pipeline_on_kubernetes(core, cluster_env: dict[str, str]) -> None:
     from trainyard.config_loader import find_pipeline_file, load_pipeline_file
     from trainyard.podspec import build_pod
+    from trainyard.registry import stage_named
     from trainyard.stages import RunContext, stage_container
 
     core_api, apps_api = core
     config = load_pipeline_file(find_pipeline_file(Path("pipelines_config"), "digits"))
     run = RunContext(pipeline="digits", run_id="cluster-seed")
-    seed = stage_container(config, run, "validate")
+    seed = stage_container(config, run, stage_named("validate"))
     seed = dataclasses.replace(seed, command=["python"], args=["-c", SEED], stage="seed")
     run_to_completion(core_api, build_pod(config, run, seed, name="trainyard-e2e-seed"))
 

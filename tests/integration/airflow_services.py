@@ -24,6 +24,7 @@ from typing import Any
 
 from tests.integration.serving_helpers import Server, free_port
 from trainyard.airflow_api import AirflowApi, ApiError, get_token
+from trainyard_contract import layout
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -269,14 +270,14 @@ def running_pipelines(root: Path, configs: dict[str, str],
     from trainyard_prep.example_data import write_digits
 
     volume, pipelines, dags = root / "volume", root / "pipelines", root / "dags"
-    for folder in (volume / "models", pipelines, dags):
+    for folder in (volume / layout.MODELS, pipelines, dags):
         folder.mkdir(parents=True)
     shutil.copy(REPO / "pipelines_config" / "_defaults.yaml", pipelines)
     for name, text in configs.items():
         (pipelines / f"{name}.yaml").write_text(text)
         (dags / f"{name}.py").write_text(dag_shim(name))
-    write_digits(volume / "datasets" / "digits", days=data_days)
-    server = Server(volume / "models").start(root / "serving.log")
+    write_digits(volume / layout.DATASETS / "digits", days=data_days)
+    server = Server(volume / layout.MODELS).start(root / "serving.log")
     postgres = Postgres()
     services = AirflowServices(root / "airflow", dags, postgres.url, {
         "TRAINYARD_DATA_DIR": str(volume), "TRAINYARD_PIPELINES_DIR": str(pipelines),

@@ -20,7 +20,8 @@ import pytest
 from tests.integration.airflow_services import AirflowServices, running_pipelines, wait_for
 from tests.integration.serving_helpers import Server
 from trainyard.airflow_api import ApiError
-from trainyard.layout import published_versions, run_key
+from trainyard_contract import layout
+from trainyard_contract.layout import published_versions, run_key
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +70,7 @@ class Deployment:
         self.api = services.api
 
     def run_dir(self, dag_id: str, run_id: str) -> Path:
-        return self.volume / "runs" / dag_id / run_key(run_id)
+        return self.volume / layout.RUNS / dag_id / run_key(run_id)
 
     def read(self, dag_id: str, run_id: str, relative: str) -> Any:
         return json.loads((self.run_dir(dag_id, run_id) / relative).read_text())
@@ -108,13 +109,13 @@ def test_a_scheduled_run_fires_when_the_dag_is_unpaused(deployment: Deployment) 
     assert run["data_interval_end"].startswith(TODAY.isoformat())  # catchup off: only the latest interval
     run = deployment.services.wait_run("retrain", run["dag_run_id"])
     deployment.assert_success("retrain", run)
-    inputs = deployment.read("retrain", run["dag_run_id"], "inputs/manifest.json")
+    inputs = deployment.read("retrain", run["dag_run_id"], layout.INPUTS_MANIFEST)
     assert dt.datetime.fromisoformat(inputs["window_end"]) == MIDNIGHT
     assert inputs["partitions"] == [(TODAY - dt.timedelta(days=d)).isoformat() for d in (2, 1)]
     assert inputs["trigger"]["run_type"] == "scheduled" and inputs["trigger"]["params"]["steps"] == 60
-    decision = deployment.read("retrain", run["dag_run_id"], "deploy/decision.json")
+    decision = deployment.read("retrain", run["dag_run_id"], layout.DECISION)
     assert decision["deploy"] is True and decision["champion"] is None
-    assert published_versions(deployment.volume / "models" / "retrain") == [1]
+    assert published_versions(deployment.volume / layout.MODELS / "retrain") == [1]
 
 
 def test_a_trigger_with_overrides_through_the_rest_api(deployment: Deployment) -> None:
@@ -124,15 +125,15 @@ def test_a_trigger_with_overrides_through_the_rest_api(deployment: Deployment) -
     assert run["state"] == "queued" and run["conf"] == conf
     run = deployment.services.wait_run("retrain", "api-override-1")
     deployment.assert_success("retrain", run)
-    training = deployment.read("retrain", "api-override-1", "model/training.json")
+    training = deployment.read("retrain", "api-override-1", layout.TRAINING_RECORD)
     assert (training["steps"], training["batch_size"]) == (25, 32)
-    trigger = deployment.read("retrain", "api-override-1", "inputs/manifest.json")["trigger"]
+    trigger = deployment.read("retrain", "api-override-1", layout.INPUTS_MANIFEST)["trigger"]
     assert trigger["run_type"] == "manual"
     assert {k: trigger["params"][k] for k in conf} == conf
-    decision = deployment.read("retrain", "api-override-1", "deploy/decision.json")
+    decision = deployment.read("retrain", "api-override-1", layout.DECISION)
     assert decision["deploy"] is True and decision["forced"] is True
     # version 2 carries the overrides in its lineage
-    published = json.loads((deployment.volume / "models" / "retrain" / "2" / "trainyard.json").read_text())
+    published = json.loads((deployment.volume / layout.MODELS / "retrain" / "2" / layout.VERSION_METADATA).read_text())
     assert published["run_id"] == "api-override-1" and published["trigger"]["params"]["steps"] == 25
 
 
@@ -155,7 +156,7 @@ def test_a_failed_run_leaves_nothing_behind_for_the_next_ones(deployment: Deploy
     # a run for a day before any data exists (but after start_date, or Airflow schedules no task in it):
     # validate_data fails as bad input, and is not retried
     api = deployment.api
-    served = published_versions(deployment.volume / "models" / "retrain")
+    served = published_versions(deployment.volume / layout.MODELS / "retrain")
     api.trigger("retrain", {}, run_id="before-the-data", logical_date=f"{TODAY - dt.timedelta(days=9)}T00:00:00Z")
     run = deployment.services.wait_run("retrain", "before-the-data")
     assert run["state"] == "failed"
@@ -166,8 +167,8 @@ def test_a_failed_run_leaves_nothing_behind_for_the_next_ones(deployment: Deploy
     assert "no partitions of datasets/digits in the run's window" in log
     # nothing half-written: no pinned inputs, no model, and the served versions are untouched
     run_dir = deployment.run_dir("retrain", "before-the-data")
-    assert not (run_dir / "inputs" / "manifest.json").exists() and not (run_dir / "model").exists()
-    assert published_versions(deployment.volume / "models" / "retrain") == served
+    assert not (run_dir / layout.INPUTS_MANIFEST).exists() and not (run_dir / layout.MODEL).exists()
+    assert published_versions(deployment.volume / layout.MODELS / "retrain") == served
 
 
 def test_a_three_day_backfill_never_replaces_the_newer_model(deployment: Deployment) -> None:
@@ -190,15 +191,15 @@ def test_a_three_day_backfill_never_replaces_the_newer_model(deployment: Deploym
     for day, run_id in by_day.items():
         # each run trained on its own window: the two days before its data interval end, which Airflow 3's
         # cron schedules (CronTriggerTimetable) put at the logical date
-        inputs = deployment.read("retrain", run_id, "inputs/manifest.json")
+        inputs = deployment.read("retrain", run_id, layout.INPUTS_MANIFEST)
         assert dt.datetime.fromisoformat(inputs["window_end"]).date() == day
         assert inputs["partitions"] == [(day - dt.timedelta(days=d)).isoformat() for d in (2, 1)]
-        decision = deployment.read("retrain", run_id, "deploy/decision.json")
+        decision = deployment.read("retrain", run_id, layout.DECISION)
         assert decision["deploy"] is False and decision["data_window_end"]["older_than_champion"] is True
         assert "older than champion v2" in decision["reasons"][0]
         tasks = {t["task_id"]: t["state"] for t in api.task_instances("retrain", run_id)}
         assert tasks["skip_deploy"] == "success" and tasks["deploy"] == "skipped"
-    assert published_versions(deployment.volume / "models" / "retrain") == [1, 2]
+    assert published_versions(deployment.volume / layout.MODELS / "retrain") == [1, 2]
     # backfill runs may run side by side (the backfill's own max_active_runs), but the training pool (one slot)
     # admitted one training job at a time
     trains = sorted((dt.datetime.fromisoformat(t["start_date"]), dt.datetime.fromisoformat(t["end_date"]))
@@ -217,7 +218,7 @@ def test_registering_new_data_starts_the_asset_scheduled_pipeline(deployment: De
     assert run["run_type"] == "asset_triggered"
     run = deployment.services.wait_run("ondata", run["dag_run_id"])
     deployment.assert_success("ondata", run)
-    assert published_versions(deployment.volume / "models" / "ondata") == [1]
+    assert published_versions(deployment.volume / layout.MODELS / "ondata") == [1]
 
 
 def test_mark_data_refuses_a_pipeline_not_scheduled_on_data(deployment: Deployment) -> None:
@@ -275,7 +276,7 @@ def test_the_trigger_form_in_a_real_browser_bounds_values_and_starts_a_run(deplo
     run = deployment.services.wait_run("digits", runs[0]["dag_run_id"])
     deployment.assert_success("digits", run)
     # the value set in the form reached the training job (parameter servers and two workers)
-    training = deployment.read("digits", run["dag_run_id"], "model/training.json")
+    training = deployment.read("digits", run["dag_run_id"], layout.TRAINING_RECORD)
     assert (training["steps"], training["workers"], training["strategy"]) == (40, 2, "parameter_server")
     assert all((ARTIFACTS / f"trigger-form-{n}.png").stat().st_size > 10_000 for n in ("clamped", "filled",
                                                                                       "triggered"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.serving_helpers import Server, http
+from trainyard_contract import layout
 from trainyard_prep.example_data import write_digits
 
 pytestmark = pytest.mark.integration
@@ -30,8 +32,8 @@ def run_folder(output: str) -> Path:
 @pytest.fixture
 def serving(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     """The local server over the test volume's models/, on free ports; the deploy step finds it by env."""
-    (data_dir / "models").mkdir()
-    server = Server(data_dir / "models").start(tmp_path / "serving.log")
+    (data_dir / layout.MODELS).mkdir()
+    server = Server(data_dir / layout.MODELS).start(tmp_path / "serving.log")
     monkeypatch.setenv("TRAINYARD_SERVING_GRPC", server.grpc)
     yield server
     server.stop()
@@ -40,36 +42,36 @@ def serving(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  #
 def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Path, serving: Server) -> None:
     # five daily partitions ending yesterday; the run's data interval ends now, so a 4-day window
     # ([now - 4 days, now)) holds exactly the last three partitions (1,077 rows, above min_rows: 1000)
-    write_digits(data_dir / "datasets" / "digits", days=5)
+    write_digits(data_dir / layout.DATASETS / "digits", days=5)
     done = trainyard("run", "digits", "--conf", '{"window_days": 4, "steps": 120, "workers": 1}')
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "finished: success" in done.stdout
     run_dir = run_folder(done.stdout)
-    assert run_dir.parent == data_dir / "runs" / "digits"
+    assert run_dir.parent == data_dir / layout.RUNS / "digits"
     yesterday = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)
-    manifest = json.loads((run_dir / "inputs" / "manifest.json").read_text())
+    manifest = json.loads((run_dir / layout.INPUTS_MANIFEST).read_text())
     assert manifest["window_days"] == 4
     assert manifest["partitions"] == [(yesterday - dt.timedelta(days=d)).isoformat() for d in (2, 1, 0)]
-    validation = json.loads((run_dir / "validation" / "results.json").read_text())
-    prepared = json.loads((run_dir / "prepared" / "manifest.json").read_text())
+    validation = json.loads((run_dir / layout.VALIDATION_RESULTS).read_text())
+    prepared = json.loads((run_dir / layout.PREPARED_MANIFEST).read_text())
     assert validation["success"] and validation["rows"] == prepared["rows"]["train"] + prepared["rows"]["eval"]
     assert validation["rows"] == 1077
     assert prepared["inputs"]["files"] == 3 and len(prepared["shards"]) == 5
     # the train task ran the job with the overridden steps and replica count, and the chief exported the model
-    training = json.loads((run_dir / "model" / "training.json").read_text())
+    training = json.loads((run_dir / layout.TRAINING_RECORD).read_text())
     assert (training["steps"], training["workers"], training["strategy"]) == (120, 1, "parameter_server")
-    assert (run_dir / "model" / "saved_model" / "saved_model.pb").is_file()
-    logs = sorted(p.name.rsplit("-", 2)[-2] for p in (run_dir / "cluster" / "logs").glob("*.log"))
+    assert (run_dir / layout.SAVED_MODEL / layout.SAVED_MODEL_PB).is_file()
+    logs = sorted(p.name.rsplit("-", 2)[-2] for p in (run_dir / layout.CLUSTER_LOGS).glob("*.log"))
     assert logs == ["ps", "worker"]
     assert "[chief]" in done.stdout + done.stderr and "step 120 loss" in done.stdout + done.stderr
     # evaluate -> decide -> deploy: the first model of the name is deployed as version 1 and answers over REST
-    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
+    metrics = json.loads((run_dir / layout.METRICS).read_text())
     assert metrics["champion"] is None and metrics["challenger"]["accuracy"] >= 0.8
-    assert (run_dir / "eval" / "report.html").read_text().count("<svg") == 2
-    decision = json.loads((run_dir / "deploy" / "decision.json").read_text())
+    assert (run_dir / layout.REPORT).read_text().count("<svg") == 2
+    decision = json.loads((run_dir / layout.DECISION).read_text())
     assert decision["deploy"] is True and not decision["forced"]
-    assert json.loads((run_dir / "deploy" / "result.json").read_text())["version"] == 1
-    smoke = json.loads((run_dir / "eval" / "smoke.json").read_text())
+    assert json.loads((run_dir / layout.DEPLOY_RESULT).read_text())["version"] == 1
+    smoke = json.loads((run_dir / layout.SMOKE_SET).read_text())
     instance = {name: values[0] for name, values in smoke["inputs"].items()}
     status, answer = http("POST", serving.url("/v1/models/digits:predict"), {"instances": [instance]})
     assert status == 200 and answer["predictions"][0]["class_ids"] == smoke["class_ids"][0]
@@ -78,16 +80,26 @@ def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Pa
     worse = trainyard("run", "digits", "--conf", '{"window_days": 4, "steps": 1, "workers": 1}')
     assert worse.returncode == 0, worse.stdout[-3000:]
     second = run_folder(worse.stdout)
-    decision = json.loads((second / "deploy" / "decision.json").read_text())
+    decision = json.loads((second / layout.DECISION).read_text())
     assert decision["deploy"] is False and decision["champion"]["version"] == 1
     assert any("vs champion v1" in reason for reason in decision["reasons"])
-    assert not (second / "deploy" / "result.json").exists()
-    assert sorted(p.name for p in (data_dir / "models" / "digits").iterdir() if p.name.isdigit()) == ["1"]
+    assert not (second / layout.DEPLOY_RESULT).exists()
+    assert layout.published_versions(data_dir / layout.MODELS / "digits") == [1]
+
+    # clearing and re-running deploy on that run from the CLI publishes nothing: decide did not bless the model
+    run_id = re.search(r"^trainyard run: digits run (\S+) finished: success$", worse.stdout, re.M).group(1)
+    rerun = subprocess.run([str(Path(sys.executable).with_name("airflow")), "tasks", "test", "digits", "deploy",
+                            run_id], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    log = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, log[-3000:]
+    assert f"deploy skipped: this run's decision ({layout.DECISION}) says SKIP" in log
+    assert layout.published_versions(data_dir / layout.MODELS / "digits") == [1]
+    assert not (second / layout.DEPLOY_RESULT).exists()
 
 
 def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path, data_dir: Path) -> None:
-    write_digits(data_dir / "datasets" / "digits", days=2)
-    bad = sorted((data_dir / "datasets" / "digits").glob("date=*/part-0.csv"))[0]
+    write_digits(data_dir / layout.DATASETS / "digits", days=2)
+    bad = sorted((data_dir / layout.DATASETS / "digits").glob("date=*/part-0.csv"))[0]
     bad.write_text(bad.read_text().replace("\n0.0,", "\nzero,", 1))
     done = trainyard("run", "digits")
     assert done.returncode == 1
@@ -95,8 +107,8 @@ def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path,
     log = done.stdout + done.stderr
     assert "pixel_0: wrong type" in log and "not retried" in log
     run_dir = run_folder(done.stdout)
-    assert (run_dir / "validation" / "results.json").is_file()
-    assert not (run_dir / "prepared").exists()
+    assert (run_dir / layout.VALIDATION_RESULTS).is_file()
+    assert not (run_dir / layout.PREPARED).exists()
 
 
 def test_run_usage_errors(pipelines_dir: Path, data_dir: Path) -> None:

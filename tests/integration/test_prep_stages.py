@@ -13,9 +13,10 @@ import pytest
 import tensorflow as tf
 
 from trainyard.config_loader import load_pipeline_file
-from trainyard.schema import PipelineConfig
-from trainyard.stage_runtime import StageError
 from trainyard.stages import CONFIG_ENV
+from trainyard_contract import layout
+from trainyard_contract.runtime import StageError
+from trainyard_contract.schema import PipelineConfig
 from trainyard_prep.example_data import write_digits
 from trainyard_prep.inputs import pin_inputs
 from trainyard_prep.prepare import prepare
@@ -27,46 +28,46 @@ END = dt.date(2026, 11, 30)
 
 @pytest.fixture
 def digits(pipelines_dir: Path, data_dir: Path) -> tuple[PipelineConfig, Path]:
-    write_digits(data_dir / "datasets" / "digits", days=3, end=END)
+    write_digits(data_dir / layout.DATASETS / "digits", days=3, end=END)
     return load_pipeline_file(pipelines_dir / "digits.yaml"), data_dir
 
 
 def run_validate(config: PipelineConfig, volume: Path, run: str = "r1") -> dict:
-    run_dir = volume / "runs" / config.name / run
+    run_dir = volume / layout.RUNS / config.name / run
     manifest = pin_inputs(volume, run_dir, config.data, None)
     return validate_inputs(volume, run_dir, run, config, manifest)
 
 
 def first_file(volume: Path) -> Path:
-    return sorted((volume / "datasets" / "digits").glob("date=*/part-0.csv"))[0]
+    return sorted((volume / layout.DATASETS / "digits").glob("date=*/part-0.csv"))[0]
 
 
 def test_validate_then_prepare_writes_the_run_folder(digits: tuple[PipelineConfig, Path]) -> None:
     config, volume = digits
     summary = run_validate(config, volume)
-    run_dir = volume / "runs" / "digits" / "r1"
+    run_dir = volume / layout.RUNS / "digits" / "r1"
     assert summary["success"] and summary["rows"] == 1797
     # inputs are pinned by hardlink (same inode, no bytes copied) and hashed
-    manifest = json.loads((run_dir / "inputs" / "manifest.json").read_text())
+    manifest = json.loads((run_dir / layout.INPUTS_MANIFEST).read_text())
     assert len(manifest["files"]) == 3 and {f["pinned_by"] for f in manifest["files"]} == {"hardlink"}
     entry = manifest["files"][0]
     assert os.stat(volume / entry["source"]).st_ino == os.stat(run_dir / entry["snapshot"]).st_ino
     # Data Docs exist and load nothing from the network
-    docs = run_dir / "validation" / "data_docs"
+    docs = run_dir / layout.DATA_DOCS
     pages = list(docs.rglob("*.html"))
-    assert (docs / "index.html").is_file() and len(pages) >= 4
+    assert (run_dir / layout.DATA_DOCS_INDEX).is_file() and len(pages) >= 4
     for page in pages:
         html = page.read_text()
         assert 'src="http' not in html and 'rel="stylesheet" href="http' not in html
-    assert "trainyard-vendor/bootstrap.min.css" in (docs / "index.html").read_text()
+    assert "trainyard-vendor/bootstrap.min.css" in (run_dir / layout.DATA_DOCS_INDEX).read_text()
 
     out = prepare(run_dir, config, manifest)
-    prepared = run_dir / "prepared"
+    prepared = run_dir / layout.PREPARED
     assert out["rows"]["train"] + out["rows"]["eval"] == 1797
     assert 0.15 < out["rows"]["eval"] / 1797 < 0.25
-    schema = json.loads((prepared / "schema.json").read_text())
+    schema = json.loads((run_dir / layout.PREPARED_SCHEMA).read_text())
     assert len(schema["features"]) == 64 and schema["label"]["classes"] == list(range(10))
-    stats = json.loads((prepared / "stats.json").read_text())
+    stats = json.loads((run_dir / layout.PREPARED_STATS).read_text())
     assert stats["features"]["pixel_0"]["max"] == 0.0 and stats["features"]["pixel_10"]["max"] == 16.0
     spec = {f["name"]: tf.io.FixedLenFeature([], tf.float32) for f in schema["features"]}
     spec["digit"] = tf.io.FixedLenFeature([], tf.int64)
@@ -84,11 +85,11 @@ def test_validate_then_prepare_writes_the_run_folder(digits: tuple[PipelineConfi
 
 def test_a_run_keeps_its_pinned_inputs_when_new_partitions_land(digits: tuple[PipelineConfig, Path]) -> None:
     config, volume = digits
-    run_dir = volume / "runs" / "digits" / "r1"
+    run_dir = volume / layout.RUNS / "digits" / "r1"
     first = pin_inputs(volume, run_dir, config.data, None)
-    write_digits(volume / "datasets" / "digits", days=1, end=END + dt.timedelta(days=1))
+    write_digits(volume / layout.DATASETS / "digits", days=1, end=END + dt.timedelta(days=1))
     assert pin_inputs(volume, run_dir, config.data, None) == first
-    later = pin_inputs(volume, volume / "runs" / "digits" / "r2", config.data, None)
+    later = pin_inputs(volume, volume / layout.RUNS / "digits" / "r2", config.data, None)
     assert len(later["files"]) == len(first["files"]) + 1
 
 
@@ -134,7 +135,7 @@ def test_bad_data_fails_with_the_file_and_problem(digits: tuple[PipelineConfig, 
     message = str(info.value)
     rel = str(bad.relative_to(volume))
     assert f"{rel}: {expected}" in message, message
-    results = json.loads((volume / "runs/digits/r1/validation/results.json").read_text())
+    results = json.loads((layout.runs_dir(volume, "digits") / "r1" / layout.VALIDATION_RESULTS).read_text())
     assert results["success"] is False
 
 
@@ -148,11 +149,11 @@ def test_empty_file_is_named(digits: tuple[PipelineConfig, Path]) -> None:
 
 def test_no_partitions_in_the_window(digits: tuple[PipelineConfig, Path]) -> None:
     config, volume = digits
-    run_dir = volume / "runs" / "digits" / "r1"
+    run_dir = volume / layout.RUNS / "digits" / "r1"
     expected = r"no partitions of datasets/digits in the run's window .* 3 partition\(s\) exist"
     with pytest.raises(StageError, match=expected):
         pin_inputs(volume, run_dir, config.data, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
-    assert not (run_dir / "inputs").exists()
+    assert not (run_dir / layout.INPUTS).exists()
 
 
 def test_too_few_rows_is_a_table_level_failure(digits: tuple[PipelineConfig, Path]) -> None:

@@ -17,6 +17,7 @@ from tensorflow_serving.apis import (
 )
 
 from tests.integration.serving_helpers import Server, export_tiny_model, http, wait_for
+from trainyard_contract import layout
 
 pytestmark = pytest.mark.integration
 
@@ -24,8 +25,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     root = tmp_path_factory.mktemp("serving")
-    export_tiny_model(root / "models" / "tiny" / "1")
-    running = Server(root / "models").start(root / "server.log")
+    export_tiny_model(root / layout.MODELS / "tiny" / "1")
+    running = Server(root / layout.MODELS).start(root / "server.log")
     yield running
     running.stop()
 
@@ -133,7 +134,7 @@ def test_new_versions_are_served_and_a_removed_latest_falls_back(server: Server)
 def test_a_version_that_fails_to_load_is_reported_and_not_served(server: Server) -> None:
     broken = server.models / "tiny" / "5"
     broken.mkdir()
-    (broken / "saved_model.pb").write_bytes(b"not a saved model")
+    (broken / layout.SAVED_MODEL_PB).write_bytes(b"not a saved model")
     try:
         def reported() -> bool:
             _, body = http("GET", server.url("/v1/models/tiny/versions/5"))

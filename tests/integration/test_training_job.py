@@ -16,10 +16,12 @@ import tensorflow as tf
 from trainyard.backends.base import StageFailed
 from trainyard.backends.local import LocalLauncher
 from trainyard.config_loader import load_pipeline_file
-from trainyard.layout import RunLayout
-from trainyard.schema import PipelineConfig
+from trainyard.registry import stage_named
 from trainyard.stages import RunContext
 from trainyard.training_job import launch_training
+from trainyard_contract import layout
+from trainyard_contract.layout import RunLayout
+from trainyard_contract.schema import PipelineConfig
 from trainyard_prep.example_data import write_digits
 from trainyard_prep.inputs import pin_inputs
 from trainyard_prep.prepare import prepare
@@ -32,7 +34,7 @@ pytestmark = pytest.mark.integration
 def prepared_volume(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A volume with the digits data prepared once for the module (the prep stages are tested elsewhere)."""
     volume = tmp_path_factory.mktemp("volume")
-    write_digits(volume / "datasets" / "digits", days=2, end=dt.date(2026, 11, 30))
+    write_digits(volume / layout.DATASETS / "digits", days=2, end=dt.date(2026, 11, 30))
     return volume
 
 
@@ -44,7 +46,7 @@ def config_with(pipelines: Path, **training: object) -> PipelineConfig:
 
 
 def prepare_run(volume: Path, config: PipelineConfig, run_id: str) -> Path:
-    run_dir = volume / "runs" / config.name / RunLayout.for_run("/", config.name, run_id).key
+    run_dir = volume / layout.RUNS / config.name / RunLayout.for_run("/", config.name, run_id).key
     manifest = pin_inputs(volume, run_dir, config.data, None)
     prepare(run_dir, config, manifest)
     return run_dir
@@ -78,7 +80,7 @@ def run_job(config: PipelineConfig, volume: Path, run_id: str, watch: Watch | No
         log.addHandler(watch)
     run = RunContext(pipeline=config.name, run_id=run_id)
     try:
-        return launch_training(config, run, launcher, log)
+        return launch_training(config, run, stage_named("train"), launcher, log)
     finally:
         if watch:
             log.removeHandler(watch)
@@ -92,15 +94,17 @@ def test_parameter_server_job_trains_and_exports(pipelines_dir: Path, prepared_v
     assert first_step.fired.is_set()  # the first step runs alone, then the rest of the interval
     assert result["steps"] == 200 and result["resumed_from_step"] == 0 and result["worker_restarts"] == 0
     assert result["final_loss"] < 1.0
-    training = json.loads((run_dir / "model" / "training.json").read_text())
+    training = json.loads((run_dir / layout.TRAINING_RECORD).read_text())
     assert training["strategy"] == "parameter_server" and training["tensorflow"] == tf.__version__
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-100.index",
+    assert sorted(p.name for p in (run_dir / layout.CHECKPOINTS).glob("ckpt-*.index")) == ["ckpt-100.index",
                                                                                    "ckpt-200.index"]
-    assert {p.name for p in (run_dir / "cluster" / "logs").iterdir()} >= {
-        f.name for f in (run_dir / "cluster" / "logs").glob("*-ps-0.log")}
-    assert list((run_dir / "tensorboard" / "train").glob("events.out.tfevents.*"))
+    # one log per PS/worker replica (the chief logs into the task), each showing its server came up
+    logs = {"-".join(p.name.rsplit("-", 2)[-2:]): p.read_text() for p in (run_dir / layout.CLUSTER_LOGS).iterdir()}
+    assert sorted(logs) == ["ps-0.log", "worker-0.log", "worker-1.log"]
+    assert all("serving on" in text for text in logs.values()), logs
+    assert list((run_dir / layout.TENSORBOARD_TRAIN).glob("events.out.tfevents.*"))
     # a fresh process-free load of the export predicts from raw features by name
-    loaded = tf.saved_model.load(str(run_dir / "model" / "saved_model"))
+    loaded = tf.saved_model.load(str(run_dir / layout.SAVED_MODEL))
     serve = loaded.signatures["serving_default"]
     assert sorted(serve.structured_input_signature[1])[:2] == ["pixel_0", "pixel_1"]
     out = serve(**{f"pixel_{i}": tf.constant([0.0, 16.0]) for i in range(64)})
@@ -142,7 +146,7 @@ def test_a_killed_worker_is_restarted_and_the_run_finishes(pipelines_dir: Path, 
     result = run_job(config, prepared_volume, "worker-kill", watch, launcher)
     assert watch.fired.is_set()
     assert result["steps"] == 1500 and result["worker_restarts"] == 1
-    assert (run_dir / "model" / "saved_model" / "saved_model.pb").is_file()
+    assert (run_dir / layout.SAVED_MODEL / layout.SAVED_MODEL_PB).is_file()
 
 
 def test_a_killed_ps_fails_the_attempt_and_the_retry_resumes(pipelines_dir: Path, prepared_volume: Path) -> None:
@@ -155,8 +159,8 @@ def test_a_killed_ps_fails_the_attempt_and_the_retry_resumes(pipelines_dir: Path
         run_job(config, prepared_volume, "ps-kill", watch, launcher)
     assert time.monotonic() - started < 120
     assert not launcher._running  # every replica was stopped and reaped
-    assert not (run_dir / "model").exists()
-    checkpoints = sorted(int(p.stem.split("-")[1]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
+    assert not (run_dir / layout.MODEL).exists()
+    checkpoints = sorted(int(p.stem.split("-")[1]) for p in (run_dir / layout.CHECKPOINTS).glob("ckpt-*.index"))
     assert checkpoints and checkpoints[-1] >= 200
     retry = run_job(config, prepared_volume, "ps-kill")  # the Airflow retry: same run folder, new processes
     assert retry["resumed_from_step"] == checkpoints[-1] and retry["steps"] == 1500
@@ -172,7 +176,7 @@ def test_a_killed_chief_fails_the_attempt_and_the_retry_resumes(pipelines_dir: P
     assert not launcher._running
     retry = run_job(config, prepared_volume, "chief-kill")
     assert retry["resumed_from_step"] >= 200 and retry["steps"] == 1500
-    assert (run_dir / "model" / "training.json").is_file()
+    assert (run_dir / layout.TRAINING_RECORD).is_file()
 
 
 def test_a_bad_model_module_fails_before_any_replica_starts(pipelines_dir: Path, prepared_volume: Path) -> None:
@@ -182,7 +186,7 @@ def test_a_bad_model_module_fails_before_any_replica_starts(pipelines_dir: Path,
         run_job(config, prepared_volume, "bad-module")
     assert info.value.exit_code == 3 and not info.value.retryable
     assert "training.model.module 'trainyard_trainer.models.nope' cannot be imported" in str(info.value)
-    assert not (run_dir / "cluster").exists()  # no replica was launched
+    assert not (run_dir / layout.CLUSTER).exists()  # no replica was launched
     bad_params = config_with(pipelines_dir, model={"module": "trainyard_trainer.models.mlp",
                                                    "params": {"hidden_units": "wide"}})
     with pytest.raises(StageFailed, match="hidden_units must be a list of positive integers"):
@@ -197,4 +201,4 @@ def test_other_strategies_from_the_same_config_field(pipelines_dir: Path, prepar
     run_dir = prepare_run(prepared_volume, config, f"strategy-{strategy}")
     result = run_job(config, prepared_volume, f"strategy-{strategy}")
     assert result["steps"] == 100 and result["strategy"] == strategy
-    assert (run_dir / "model" / "saved_model" / "saved_model.pb").is_file()
+    assert (run_dir / layout.SAVED_MODEL / layout.SAVED_MODEL_PB).is_file()

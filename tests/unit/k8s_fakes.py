@@ -15,7 +15,7 @@ from kubernetes.client import ApiClient, CoreV1Api
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from trainyard.stage_runtime import RESULT_MARKER
+from trainyard_contract.runtime import RESULT_MARKER
 
 
 def with_phase(pod: k8s.V1Pod, phase: str, exit_code: int | None = None, waiting: str | None = None) -> None:

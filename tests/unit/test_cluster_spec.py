@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.cluster_spec import Replicas, job_name, kubernetes_hosts, local_hosts, tf_config
 from trainyard.config_loader import load_pipeline_file
 from trainyard.podspec import build_job_pods
+from trainyard.registry import stage_named
 from trainyard.stages import RunContext, train_containers, train_replicas
+from trainyard_contract.cluster_spec import Replicas, job_name, kubernetes_hosts, local_hosts, tf_config
 
 RUN = RunContext(pipeline="digits", run_id="scheduled__2026-12-01T00:00:00+00:00",
                  data_interval_end=dt.datetime(2026, 12, 1, tzinfo=dt.UTC))
@@ -50,7 +51,7 @@ def test_replica_pods_carry_tf_config_gpu_and_placement(pipelines_dir: Path) -> 
     assert replicas.tasks() == [("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1)]
     job = job_name(config.name, "r")
     cluster = kubernetes_hosts(job, "trainyard", 2222, replicas)
-    pods = build_job_pods(config, RUN, train_containers(config, RUN, cluster), job)
+    pods = build_job_pods(config, RUN, train_containers(config, RUN, stage_named("train"), cluster), job)
     by_name = {p.metadata.name: p for p in pods}
     assert set(by_name) == {f"{job}-chief-0", f"{job}-ps-0", f"{job}-worker-0", f"{job}-worker-1"}
     worker = by_name[f"{job}-worker-1"]

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
-from trainyard.schema import DeployConfig, EvaluationConfig, PrepConfig, TrainingConfig
+from trainyard_contract.schema import DeployConfig, EvaluationConfig, PrepConfig, TrainingConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "tests" / "fixtures" / "compose_spec.json").read_text())
@@ -87,6 +87,7 @@ def test_each_image_is_pinned_and_copies_only_files_that_exist(stage: str) -> No
     instructions = dockerfile_instructions(dockerfile)
     bases = [arg for op, arg in instructions if op == "FROM"]
     assert bases and all(re.match(r"^[\w./-]+:[\w.-]+$", base) and not base.endswith(":latest") for base in bases)
+    assert [op for op, _ in instructions].count("COPY") >= 1, f"{dockerfile} copies nothing"
     for op, arg in instructions:
         if op == "COPY":
             sources = [s for s in arg.split() if not s.startswith("--")][:-1]

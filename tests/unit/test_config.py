@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from trainyard.cli import main as cli
 from trainyard.config_loader import ConfigError, check_folder, load_pipeline_file, pipeline_files
-from trainyard.schema import PipelineConfig
+from trainyard_contract.schema import PipelineConfig
 
 MINIMAL = """\
 name: {name}

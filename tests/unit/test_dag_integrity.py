@@ -59,6 +59,11 @@ def test_dag_carries_params_docs_tags_owner(pipelines_dir: Path) -> None:
     assert dag.default_args["owner"] == "ml-platform" and dag.default_args["retries"] == 1
     assert {"steps", "learning_rate", "batch_size", "workers", "ps", "window_days", "force_deploy"} <= set(dag.params)
     assert "datasets/digits" in dag.doc_md and "validate_data" in dag.doc_md
+    # the task table comes from the stage declarations: hardware, what each stage reads and writes
+    assert "| `deploy` | CPU | Only with decide's blessing" in dag.doc_md
+    assert "| `decide` | CPU | Thresholds met and better than the champion (or forced): deploy, else skip; reasons " \
+           "logged. | `eval/metrics.json`, `inputs/manifest.json` | `deploy/decision.json` |" in dag.doc_md
+    assert "| `teardown_train` | - |" in dag.doc_md and "| `skip_deploy` | - |" in dag.doc_md
 
 
 def test_a_bad_config_is_an_import_error_for_its_own_dag_only(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from trainyard.schema import PipelineConfig
+from trainyard_contract.schema import PipelineConfig
 from trainyard_trainer.decide import decide
 from trainyard_trainer.metrics import binary_auc, classification_metrics
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 
-from trainyard.schema import Feature
+from trainyard_contract.schema import Feature
 from trainyard_prep.encoding import NumericExampleEncoder, ProtoExampleEncoder, varint_encode
 
 

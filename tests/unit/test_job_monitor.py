@@ -58,7 +58,7 @@ def test_a_lost_worker_is_restarted_within_the_budget() -> None:
 def test_an_exhausted_budget_stops_the_job() -> None:
     monitor, fatal = watch([Replica("w0", "worker", [1])], budget=2)
     assert monitor.restarts == 2
-    assert monitor.fatal == "w0 exited with code 1 (restart budget exhausted)" and fatal == ["stop chief"]
+    assert monitor.fatal == "w0 exited with code 1 (restart budget of 2 exhausted)" and fatal == ["stop chief"]
 
 
 def test_a_lost_parameter_server_stops_the_job_at_once() -> None:
@@ -70,3 +70,11 @@ def test_a_worker_that_finishes_cleanly_is_not_restarted() -> None:
     worker = Replica("w0", "worker", [0])
     monitor, fatal = watch([worker], budget=3, seconds=1.0)
     assert (monitor.restarts, worker.starts, monitor.fatal) == (0, 1, None)
+
+
+def test_a_worker_that_reports_bad_input_is_not_restarted() -> None:
+    worker = Replica("w0", "worker", [3, None])  # EXIT_BAD_INPUT: a restart would fail the same way
+    monitor, fatal = watch([worker], budget=3)
+    assert (monitor.restarts, worker.starts, fatal) == (0, 1, ["stop chief"])
+    assert monitor.fatal == "w0 exited with code 3 (bad input or config: a restart would fail the same way)"
+    assert monitor.fatal_code == 3

@@ -26,6 +26,7 @@ from trainyard.backends.base import StageFailed
 from trainyard.backends.kubernetes import KubernetesLauncher
 from trainyard.config_loader import load_pipeline_file
 from trainyard.podspec import build_serving_deployment, build_serving_service, build_stage_pod
+from trainyard.registry import stage_named
 from trainyard.stages import RunContext, stage_container
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +74,7 @@ def task_context(task_id: str = "validate_data") -> dict:
 
 def test_a_stage_pod_runs_through_kubernetes_pod_operator(config) -> None:
     fake = stage_cluster(0, {"rows": 1797, "valid": True})
-    pod = build_stage_pod(config, RUN, stage_container(config, RUN, "validate"))
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named("validate")))
 
     result = launcher(config, fake).run_pod(pod, LOG, task_context())
 
@@ -101,7 +102,7 @@ def test_a_stage_pod_runs_through_kubernetes_pod_operator(config) -> None:
 
 def test_a_bad_input_exit_code_fails_without_retry_and_deletes_the_pod(config) -> None:
     fake = stage_cluster(3, None)
-    pod = build_stage_pod(config, RUN, stage_container(config, RUN, "validate"))
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named("validate")))
 
     with pytest.raises(StageFailed) as info:
         launcher(config, fake).run_pod(pod, LOG, task_context())
@@ -115,7 +116,7 @@ def test_serving_objects_are_created_when_missing(config) -> None:
     apps.read_namespaced_deployment.side_effect = ApiException(status=404, reason="NotFound")
     fake.core.read_namespaced_service.side_effect = ApiException(status=404, reason="NotFound")
 
-    endpoint = launcher(config, fake, apps).serving_endpoint(config)
+    endpoint = launcher(config, fake, apps).ensure_serving(config, LOG)
 
     assert endpoint == "digits.trainyard.svc:8500"
     assert apps.create_namespaced_deployment.call_args_list == [call(namespace=NS,
@@ -129,7 +130,7 @@ def test_serving_objects_are_patched_to_the_config_when_present(config) -> None:
     fake = FakeCluster()
     apps = create_autospec(AppsV1Api, instance=True)
 
-    launcher(config, fake, apps).serving_endpoint(config)
+    launcher(config, fake, apps).ensure_serving(config, LOG)
 
     deployment = build_serving_deployment(config)
     assert apps.patch_namespaced_deployment.call_args_list == [call(name="digits-serving", namespace=NS,
@@ -144,7 +145,7 @@ def test_a_forbidden_serving_read_is_an_error_not_a_create(config) -> None:
     apps = create_autospec(AppsV1Api, instance=True)
     apps.read_namespaced_deployment.side_effect = ApiException(status=403, reason="Forbidden")
     with pytest.raises(ApiException, match="Forbidden"):
-        launcher(config, fake, apps).serving_endpoint(config)
+        launcher(config, fake, apps).ensure_serving(config, LOG)
     assert not apps.create_namespaced_deployment.called
 
 
@@ -187,12 +188,12 @@ def test_the_role_allows_every_call_the_backend_makes(config) -> None:
     """Each CoreV1Api/AppsV1Api method the backend calls in these tests maps to a verb the Role grants."""
     calls: set[str] = set()
     fake = stage_cluster(0, {"rows": 1})
-    launcher(config, fake).run_pod(build_stage_pod(config, RUN, stage_container(config, RUN, "validate")), LOG,
-                                   task_context())
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named("validate")))
+    launcher(config, fake).run_pod(pod, LOG, task_context())
     calls |= {c[0].split(".")[0] for c in fake.core.mock_calls if c[0]}
     apps = create_autospec(AppsV1Api, instance=True)
     serving = FakeCluster()
-    launcher(config, serving, apps).serving_endpoint(config)
+    launcher(config, serving, apps).ensure_serving(config, LOG)
     calls |= {c[0] for c in apps.mock_calls} | {c[0] for c in serving.core.mock_calls}
     calls |= {"create_namespaced_service", "delete_namespaced_service", "delete_namespaced_pod",
               "list_namespaced_pod", "read_namespaced_pod_log"}  # the training job (test_kubernetes_job)

@@ -14,11 +14,12 @@ from kubernetes.client.exceptions import ApiException
 from tests.unit.k8s_fakes import FakeCluster, result_log
 from trainyard.backends.base import StageFailed
 from trainyard.backends.kubernetes_job import DELETE_GRACE_SECONDS, KubernetesJob, selector_of
-from trainyard.cluster_spec import job_name, kubernetes_hosts
 from trainyard.config_loader import load_pipeline_file
-from trainyard.layout import run_key
 from trainyard.podspec import build_headless_service, build_job_pods, job_selector
+from trainyard.registry import stage_named
 from trainyard.stages import RunContext, train_containers, train_replicas
+from trainyard_contract.cluster_spec import job_name, kubernetes_hosts
+from trainyard_contract.layout import run_key
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = RunContext(pipeline="digits", run_id="manual__2026-12-03T00:00:00+00:00")
@@ -31,8 +32,8 @@ def job_objects():
     config = load_pipeline_file(REPO / "pipelines_config" / "digits.yaml")
     job = job_name(config.name, run_key(RUN.run_id))
     cluster = kubernetes_hosts(job, NS, config.training.port, train_replicas(config))
-    pods = build_job_pods(config, RUN, train_containers(config, RUN, cluster), job)
-    return config, job, pods, build_headless_service(config, RUN, job)
+    pods = build_job_pods(config, RUN, train_containers(config, RUN, stage_named("train"), cluster), job)
+    return config, job, pods, build_headless_service(config, RUN, stage_named("train"), job)
 
 
 class Clock:
@@ -48,7 +49,8 @@ class Clock:
 
 def make_job(fake: FakeCluster, config, budget: int = 2, timeout: float = 600.0) -> KubernetesJob:
     clock = Clock()
-    return KubernetesJob(fake.core, NS, LOG, restart_budget=budget, selector=job_selector(config, RUN),
+    selector = job_selector(config, RUN, stage_named("train"))
+    return KubernetesJob(fake.core, NS, LOG, restart_budget=budget, selector=selector,
                          startup_timeout=timeout, poll_seconds=1.0, clock=clock, sleep=clock.sleep)
 
 
@@ -72,7 +74,7 @@ def test_success_creates_service_then_ps_workers_then_chief_and_tears_everything
     result = make_job(fake, config).run(pods, service)
 
     assert result == {"steps": 300, "worker_restarts": 0}
-    selector = selector_of(job_selector(config, RUN))
+    selector = selector_of(job_selector(config, RUN, stage_named("train")))
     assert fake.core.list_namespaced_pod.call_args_list[0] == call(namespace=NS, label_selector=selector)
     assert fake.core.create_namespaced_service.call_args_list == [call(namespace=NS, body=service)]
     assert fake.names("create_namespaced_pod") == [f"{job}-ps-0", f"{job}-worker-0", f"{job}-worker-1", chief]
@@ -130,6 +132,18 @@ def test_restart_budget_exhausted_fails(job_objects) -> None:
     with pytest.raises(StageFailed, match="restart budget of 1 exhausted"):
         make_job(fake, config, budget=1).run(pods, service)
     assert fake.pods == {}
+
+
+def test_a_worker_that_reports_bad_input_is_not_recreated(job_objects) -> None:
+    config, job, pods, service = job_objects
+    fake = FakeCluster()
+    worker = f"{job}-worker-0"
+    fake.script = [lambda f: None, FakeCluster.all_running, lambda f: f.set(worker, "Failed", exit_code=3)]
+
+    with pytest.raises(StageFailed, match="worker-0 exited with code 3 \\(bad input or config") as info:
+        make_job(fake, config, budget=5).run(pods, service)
+    assert info.value.exit_code == 3 and not info.value.retryable  # Airflow does not retry it either
+    assert f"{worker}-r1" not in fake.names("create_namespaced_pod") and fake.pods == {}
 
 
 def test_chief_failure_carries_its_exit_code(job_objects) -> None:

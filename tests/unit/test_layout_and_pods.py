@@ -1,4 +1,4 @@
-"""Run folder names, pod specs (pure V1Pod objects) and the image -> local command mapping."""
+"""Pod specs (pure V1Pod objects) and the image -> local command mapping."""
 
 from __future__ import annotations
 
@@ -10,29 +10,13 @@ import pytest
 
 from trainyard.config_loader import load_pipeline_file
 from trainyard.images import image_repository, local_command
-from trainyard.layout import RunLayout, run_key
 from trainyard.podspec import build_stage_pod, dns_label, label_value
+from trainyard.registry import images, stage_named
 from trainyard.stages import RunContext, stage_container
+from trainyard_contract.layout import run_key
 
 RUN = RunContext(pipeline="digits", run_id="manual__2026-12-02T10:00:00+00:00",
                  data_interval_end=dt.datetime(2026, 12, 2, 10, tzinfo=dt.UTC))
-
-
-def test_run_key_is_folder_safe_and_unique() -> None:
-    assert run_key("scheduled__2026-12-01") == "scheduled__2026-12-01"
-    a, b = run_key("manual__2026-12-02T10:00:00+00:00"), run_key("manual__2026-12-02T10-00-00-00-00")
-    assert a != b and all(ch.isalnum() or ch in "._-" for ch in a)
-    assert run_key("a:b") != run_key("a+b")
-    with pytest.raises(ValueError):
-        run_key("")
-
-
-def test_layout_paths() -> None:
-    layout = RunLayout.for_run("/data", "digits", "r1")
-    assert str(layout.stage_dir("prepared")) == "/data/runs/digits/r1/prepared"
-    assert str(layout.models_dir("digits")) == "/data/models/digits"
-    with pytest.raises(ValueError, match="unknown run sub-folder"):
-        layout.stage_dir("elsewhere")
 
 
 def test_label_and_dns_helpers_stay_valid_and_distinct() -> None:
@@ -44,7 +28,7 @@ def test_label_and_dns_helpers_stay_valid_and_distinct() -> None:
 
 def test_stage_pod_is_restricted_and_carries_identity(pipelines_dir: Path) -> None:
     config = load_pipeline_file(pipelines_dir / "digits.yaml")
-    pod = build_stage_pod(config, RUN, stage_container(config, RUN, "validate"))
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named("validate")))
     meta, spec = pod.metadata, pod.spec
     assert meta.namespace == "trainyard"
     assert meta.labels["trainyard/pipeline"] == "digits"
@@ -73,7 +57,7 @@ def test_secrets_are_injected_by_reference_only(pipelines_dir: Path) -> None:
     path = pipelines_dir / "digits.yaml"
     path.write_text(path.read_text() + "kubernetes:\n  secrets:\n    - {env: DB_PASSWORD, secret: db, key: password}\n")
     config = load_pipeline_file(path)
-    pod = build_stage_pod(config, RUN, stage_container(config, RUN, "prepare"))
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named("prepare")))
     (secret_env,) = [e for e in pod.spec.containers[0].env if e.name == "DB_PASSWORD"]
     assert secret_env.value is None
     assert (secret_env.value_from.secret_key_ref.name, secret_env.value_from.secret_key_ref.key) == ("db", "password")
@@ -81,8 +65,10 @@ def test_secrets_are_injected_by_reference_only(pipelines_dir: Path) -> None:
 
 def test_unknown_stage_is_refused(pipelines_dir: Path) -> None:
     config = load_pipeline_file(pipelines_dir / "digits.yaml")
-    with pytest.raises(ValueError, match="unknown stage 'nope'"):
-        stage_container(config, RUN, "nope")
+    with pytest.raises(ValueError, match="unknown stage 'nope'; known: validate, prepare, train"):
+        stage_named("nope")
+    with pytest.raises(ValueError, match="stage 'validate' declares no check command"):
+        stage_container(config, RUN, stage_named("validate"), check=True)
 
 
 @pytest.mark.parametrize(
@@ -94,13 +80,16 @@ def test_image_repository(image: str, repository: str) -> None:
     assert image_repository(image) == repository
 
 
-def test_local_command_mapping_is_explicit() -> None:
-    assert local_command("trainyard/prep:0.1.0", ["python", "-m", "trainyard_prep"]) == [
+def test_local_command_mapping_comes_from_the_registry() -> None:
+    table = images()
+    assert table == {"trainyard/prep": "trainyard_prep", "trainyard/trainer": "trainyard_trainer",
+                     "trainyard/evaluate": "trainyard_trainer", "trainyard/serving": "trainyard_serving"}
+    assert local_command("trainyard/prep:0.1.0", ["python", "-m", "trainyard_prep"], table) == [
         sys.executable, "-m", "trainyard_prep"]
     with pytest.raises(ValueError, match="has no local equivalent"):
-        local_command("acme/custom:1", ["python", "-m", "x"])
+        local_command("acme/custom:1", ["python", "-m", "x"], table)
     with pytest.raises(ValueError, match="runs \\['python', '-m', 'trainyard_prep'\\] locally"):
-        local_command("trainyard/prep:0.1.0", ["bash", "-c", "rm -rf /"])
+        local_command("trainyard/prep:0.1.0", ["bash", "-c", "rm -rf /"], table)
 
 
 def test_how_a_run_was_started_travels_to_every_stage(pipelines_dir: Path) -> None:
@@ -110,10 +99,10 @@ def test_how_a_run_was_started_travels_to_every_stage(pipelines_dir: Path) -> No
     from airflow.utils.types import DagRunType
 
     from trainyard.operators import run_context
-    from trainyard.stages import RUN_ENV
+    from trainyard_contract.runtime import RUN_ENV
 
     config = load_pipeline_file(pipelines_dir / "digits.yaml")
-    assert RUN_ENV not in stage_container(config, RUN, "validate").env  # a bare context records nothing
+    assert RUN_ENV not in stage_container(config, RUN, stage_named("validate")).env  # a bare context records nothing
 
     dag_run = SimpleNamespace(run_id="manual__x", run_type=DagRunType.MANUAL, run_after=None)
     context = {"dag_run": dag_run, "params": {"steps": 40, "force_deploy": True},
@@ -121,5 +110,5 @@ def test_how_a_run_was_started_travels_to_every_stage(pipelines_dir: Path) -> No
     run = run_context(context, "digits")
     assert run.trigger() == {"run_type": "manual", "params": {"steps": 40, "force_deploy": True}}
     for stage in ("validate", "train", "deploy"):
-        env = stage_container(config, run, stage).env
+        env = stage_container(config, run, stage_named(stage)).env
         assert json.loads(env[RUN_ENV]) == {"params": {"force_deploy": True, "steps": 40}, "run_type": "manual"}

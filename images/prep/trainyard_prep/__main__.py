@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainyard.stage_runtime import (
+from trainyard_contract import layout
+from trainyard_contract.runtime import (
     EXIT_BAD_INPUT,
     StageError,
     add_run_arguments,
@@ -16,6 +17,7 @@ from trainyard.stage_runtime import (
     load_trigger,
     log,
     parse_args,
+    relative_to_volume,
     write_result,
 )
 
@@ -45,15 +47,15 @@ def main(argv: list[str] | None = None) -> int:
             summary = validate_inputs(args.volume, args.run_dir, args.run_id, config, manifest)
             result = {"rows": summary["rows"], "files": len(summary["files"]),
                       "expectations": summary["expectations"],
-                      "results": str((args.run_dir / "validation" / "results.json").relative_to(args.volume)),
-                      "data_docs": str((args.run_dir / "validation/data_docs/index.html").relative_to(args.volume))}
+                      "results": relative_to_volume(args.volume, args.run_dir / layout.VALIDATION_RESULTS),
+                      "data_docs": relative_to_volume(args.volume, args.run_dir / layout.DATA_DOCS_INDEX)}
         else:
             from trainyard_prep.inputs import load_manifest
             from trainyard_prep.prepare import prepare
 
             out = prepare(args.run_dir, config, load_manifest(args.run_dir))
             result = {"rows": out["rows"], "shards": len(out["shards"]),
-                      "prepared": str((args.run_dir / "prepared").relative_to(args.volume)),
+                      "prepared": relative_to_volume(args.volume, args.run_dir / layout.PREPARED),
                       "inputs_sha256": out["inputs"]["sha256"]}
     except StageError as exc:
         log.error("%s failed: %s", args.command, exc)

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainyard.schema import Feature
-from trainyard.stage_runtime import StageError
+from trainyard_contract.runtime import StageError
+from trainyard_contract.schema import Feature
 
 
 def varint_encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainyard.atomic import write_bytes
+from trainyard_contract.atomic import write_bytes
 
 
 def _write_partition(folder: Path, frame: pd.DataFrame, name: str = "part-0.csv") -> Path:

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import staged_dir, write_json
-from trainyard.schema import DataConfig
-from trainyard.stage_runtime import StageError, log
-
-MANIFEST = "manifest.json"
+from trainyard_contract import layout
+from trainyard_contract.atomic import staged_dir, write_json
+from trainyard_contract.runtime import StageError, log
+from trainyard_contract.schema import DataConfig
 
 
 @dataclass(frozen=True)
@@ -90,8 +89,8 @@ def pin_inputs(volume: Path, run_dir: Path, data: DataConfig, window_end: dt.dat
 
     `trigger` (run type and Param values) is recorded beside the pinned files: the lineage of what was asked for.
     """
-    inputs_dir = run_dir / "inputs"
-    manifest_path = inputs_dir / MANIFEST
+    inputs_dir = run_dir / layout.INPUTS
+    manifest_path = run_dir / layout.INPUTS_MANIFEST
     if manifest_path.is_file():
         log.info("inputs already pinned for this run: %s", manifest_path)
         return load_manifest(run_dir)
@@ -117,7 +116,7 @@ def pin_inputs(volume: Path, run_dir: Path, data: DataConfig, window_end: dt.dat
                 how = _link_or_copy(path, staging / part.path.name / path.name)
                 files.append({
                     "source": str(path.relative_to(volume)),
-                    "snapshot": f"inputs/{part.path.name}/{path.name}",
+                    "snapshot": f"{layout.INPUTS}/{part.path.name}/{path.name}",
                     "partition": part.day.isoformat(),
                     "bytes": path.stat().st_size,
                     "sha256": sha256_file(staging / part.path.name / path.name),
@@ -132,13 +131,13 @@ def pin_inputs(volume: Path, run_dir: Path, data: DataConfig, window_end: dt.dat
             "total_bytes": sum(f["bytes"] for f in files),
             "trigger": trigger,
         }
-        write_json(staging / MANIFEST, manifest)
+        write_json(staging / layout.INPUTS_MANIFEST.name, manifest)
     log.info("pinned %d file(s) from %d partition(s), %.1f MB", len(files), len(chosen), manifest["total_bytes"] / 1e6)
     return manifest
 
 
 def load_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "inputs" / MANIFEST
+    path = run_dir / layout.INPUTS_MANIFEST
     if not path.is_file():
         raise StageError(f"{path} is missing: validate_data pins the inputs and must run first")
     return json.loads(path.read_text())

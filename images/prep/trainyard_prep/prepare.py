@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainyard.atomic import staged_dir, write_json
-from trainyard.schema import PipelineConfig
-from trainyard.stage_runtime import Progress, StageError, log
+from trainyard_contract import layout
+from trainyard_contract.atomic import staged_dir, write_json
+from trainyard_contract.runtime import Progress, StageError, log
+from trainyard_contract.schema import PipelineConfig
 from trainyard_prep.encoding import ExampleEncoder
 from trainyard_prep.readers import read_chunks
 
@@ -101,13 +102,11 @@ def prepare(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> 
     label_counts = {"train": np.zeros(len(label.classes), dtype=np.int64),
                     "eval": np.zeros(len(label.classes), dtype=np.int64)}
     started = time.monotonic()
-    with staged_dir(run_dir / "prepared") as out:
+    with staged_dir(run_dir / layout.PREPARED) as out:
         encoder = ExampleEncoder(features, label.name)
         writers = {
-            "train": [out / "train" / f"part-{i:05d}-of-{data.shards.train:05d}.tfrecord"
-                      for i in range(data.shards.train)],
-            "eval": [out / "eval" / f"part-{i:05d}-of-{data.shards.eval:05d}.tfrecord"
-                     for i in range(data.shards.eval)],
+            split_name: [out / split_name / layout.shard_name(i, count) for i in range(count)]
+            for split_name, count in (("train", data.shards.train), ("eval", data.shards.eval))
         }
         shard_rows = {name: [0] * len(paths) for name, paths in writers.items()}
         with encoder.open_writers([p for paths in writers.values() for p in paths]) as sinks:
@@ -152,8 +151,8 @@ def prepare(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> 
             for name, paths in writers.items() for i, path in enumerate(paths)
         ]
         schema = schema_document(config)
-        write_json(out / "schema.json", schema)
-        write_json(out / "stats.json", {
+        write_json(out / layout.PREPARED_SCHEMA.name, schema)
+        write_json(out / layout.PREPARED_STATS.name, {
             "rows": totals, "features": stats.as_dict(),
             "label_distribution": {name: dict(zip(map(str, label.classes), counts.tolist(), strict=True))
                                    for name, counts in label_counts.items()},
@@ -170,6 +169,6 @@ def prepare(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> 
             "seconds": round(time.monotonic() - started, 3),
             "throughput": progress.done(),
         }
-        write_json(out / "manifest.json", result)
+        write_json(out / layout.PREPARED_MANIFEST.name, result)
     log.info("prepared %d train / %d eval rows into %d shard(s)", totals["train"], totals["eval"], len(outputs))
     return result

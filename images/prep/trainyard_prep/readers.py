@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from trainyard.stage_runtime import StageError
+from trainyard_contract.runtime import StageError
 
 
 def read_chunks(path: Path, chunk_rows: int, columns: list[str] | None = None) -> Iterator[tuple[pd.DataFrame, int]]:

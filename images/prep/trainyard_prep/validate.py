@@ -17,9 +17,10 @@ import pandas as pd
 from great_expectations.core.run_identifier import RunIdentifier
 from great_expectations.data_context.types.base import ProgressBarsConfig
 
-from trainyard.atomic import staged_dir, write_json
-from trainyard.schema import DataConfig, PipelineConfig
-from trainyard.stage_runtime import Progress, StageError
+from trainyard_contract import layout
+from trainyard_contract.atomic import staged_dir, write_json
+from trainyard_contract.runtime import Progress, StageError
+from trainyard_contract.schema import DataConfig, PipelineConfig
 from trainyard_prep.datadocs import make_offline
 from trainyard_prep.readers import read_chunks, truncated_rows
 
@@ -146,8 +147,8 @@ def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineCo
     reports: list[FileReport] = []
     progress = Progress("validate")
     expected = [c.name for c in config.data.columns()] + [config.data.label.name]
-    with staged_dir(run_dir / "validation") as out:
-        runner = SuiteRunner(config, out / "data_docs", run_id)
+    with staged_dir(run_dir / layout.VALIDATION) as out:
+        runner = SuiteRunner(config, out / layout.DATA_DOCS.name, run_id)
         for entry in manifest["files"]:
             report = FileReport(file=entry["source"])
             reports.append(report)
@@ -179,7 +180,7 @@ def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineCo
         if limits.max_rows is not None and total > limits.max_rows:
             table_problems.append(f"{total} row(s) in total, more than data.expectations.max_rows={limits.max_rows}")
         runner.build_docs()
-        make_offline(out / "data_docs")
+        make_offline(out / layout.DATA_DOCS.name)
         success = not table_problems and all(not r.problems for r in reports)
         summary = {
             "success": success,
@@ -187,17 +188,16 @@ def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineCo
             "files": [r.as_dict() for r in reports],
             "table_problems": table_problems,
             "expectations": len(runner.suite.expectations),
-            "data_docs": "validation/data_docs/index.html",
+            "data_docs": layout.DATA_DOCS_INDEX.relpath,
             "throughput": progress.done(),
         }
-        write_json(out / "results.json", summary)
+        write_json(out / layout.VALIDATION_RESULTS.name, summary)
     if not success:
         lines = [f"{r.file}: {p}" for r in reports for p in r.problems] + table_problems
         shown = "\n".join(f"  - {line}" for line in lines[:50])
         more = f"\n  ... and {len(lines) - 50} more" if len(lines) > 50 else ""
         raise StageError(
             f"data validation failed: {len(lines)} problem(s) in {manifest['source']}\n{shown}{more}\n"
-            f"Details: {run_dir / 'validation' / 'results.json'}; "
-            f"Data Docs: {run_dir / 'validation' / 'data_docs' / 'index.html'}"
+            f"Details: {run_dir / layout.VALIDATION_RESULTS}; Data Docs: {run_dir / layout.DATA_DOCS_INDEX}"
         )
     return summary

@@ -16,7 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
-from trainyard.stage_runtime import EXIT_BAD_INPUT, EXIT_FAILED, StageError, add_run_arguments, parse_args
+from trainyard_contract.runtime import EXIT_BAD_INPUT, EXIT_FAILED, StageError, add_run_arguments, parse_args
 
 log = logging.getLogger("trainyard")
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("trainyard.serving").setLevel(logging.INFO)
     if args.command == "serve":
         return serve(args)
-    from trainyard.stage_runtime import load_config, write_result
+    from trainyard_contract.runtime import load_config, write_result
     from trainyard_serving.deploy import DeployFailed, deploy
 
     try:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("deploy failed and was rolled back: %s", exc)
         return EXIT_FAILED
     write_result(args.xcom, result)
-    log.info("deployed: %s", result)
+    log.info("%s: %s", "not deployed" if result.get("skipped") else "deployed", result)
     return 0
 
 

@@ -34,12 +34,12 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from trainyard.atomic import write_json
-from trainyard.layout import published_versions
-from trainyard.schema import PipelineConfig
-from trainyard.stage_runtime import StageError, log
+from trainyard_contract import layout
+from trainyard_contract.atomic import write_json
+from trainyard_contract.layout import published_versions
+from trainyard_contract.runtime import StageError, log
+from trainyard_contract.schema import PipelineConfig
 
-METADATA = "trainyard.json"
 AVAILABLE_TIMEOUT_SECONDS = 120.0
 
 
@@ -76,14 +76,14 @@ def link_tree(source: Path, target: Path) -> str:
 
 def publish(model_dir: Path, saved_model: Path, metadata: dict[str, Any]) -> int:
     """Publish `saved_model` as the next version; returns its number."""
-    if not (saved_model / "saved_model.pb").is_file():
-        raise StageError(f"{saved_model} holds no saved_model.pb: did the train task export the model?")
+    if not (saved_model / layout.SAVED_MODEL_PB).is_file():
+        raise StageError(f"{saved_model} holds no {layout.SAVED_MODEL_PB}: did the train task export the model?")
     with model_lock(model_dir):
         version = (published_versions(model_dir) or [0])[-1] + 1
         staging = model_dir / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
         try:
             how = link_tree(saved_model, staging)
-            write_json(staging / METADATA, {**metadata, "version": version, "published_by": how,
+            write_json(staging / layout.VERSION_METADATA, {**metadata, "version": version, "published_by": how,
                                             "published_at": dt.datetime.now(dt.UTC).isoformat()})
             os.rename(staging, model_dir / str(version))
         except BaseException:
@@ -152,27 +152,53 @@ def lineage(config: PipelineConfig, run_dir: Path, run_id: str) -> dict[str, Any
     def read(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text()) if path.is_file() else {}
 
-    prepared = read(run_dir / "prepared" / "manifest.json")
-    metrics = read(run_dir / "eval" / "metrics.json")
-    inputs = read(run_dir / "inputs" / "manifest.json")
+    prepared = read(run_dir / layout.PREPARED_MANIFEST)
+    metrics = read(run_dir / layout.METRICS)
+    inputs = read(run_dir / layout.INPUTS_MANIFEST)
     return {
         "pipeline": config.name, "run_id": run_id, "run_dir": run_dir.name,
         "config_sha256": prepared.get("config_sha256"), "data_sha256": prepared.get("inputs", {}).get("sha256"),
         "data_window_end": inputs.get("window_end"), "trigger": inputs.get("trigger"),
-        "training": read(run_dir / "model" / "training.json"),
+        "training": read(run_dir / layout.TRAINING_RECORD),
         "metrics": metrics.get("challenger", {}), "tensorflow": tf.__version__,
         "images": {"prep": config.prep.image, "trainer": config.training.image},
     }
 
 
+def refusal(run_dir: Path) -> str | None:
+    """None when this run's decision blesses its model for deploy (thresholds met, or forced); else why not.
+
+    The deploy stage's blessing check, as TFX's Pusher checks the Evaluator's: clearing and re-running `deploy`
+    after decide said skip publishes nothing."""
+    path = run_dir / layout.DECISION
+    if not path.is_file():
+        raise StageError(f"{path} is missing: decide must run before deploy (deploy publishes only a model that "
+                         "this run's decision blessed)")
+    try:
+        decision = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise StageError(f"{path} is not valid JSON ({exc}): re-run decide") from None
+    if isinstance(decision, dict) and decision.get("deploy") is True:
+        return None
+    reasons = "; ".join(map(str, decision.get("reasons", []))) if isinstance(decision, dict) else ""
+    return (f"this run's decision ({layout.DECISION}) says SKIP ({reasons or 'no reason recorded'}), so nothing "
+            "was published; trigger a new run with force_deploy to publish regardless")
+
+
 def deploy(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str, endpoint: str) -> dict[str, Any]:
+    """Publish the run's model as the next version if decide blessed it, wait until served, smoke-test it, and
+    roll back on failure. Without the blessing: nothing is published, and the result says why (`skipped`)."""
     name = config.model_name
-    model_dir = volume / "models" / name
-    smoke_path = run_dir / "eval" / "smoke.json"
+    why_not = refusal(run_dir)
+    if why_not is not None:
+        log.warning("not deploying: %s", why_not)
+        return {"deployed": False, "model": name, "skipped": why_not}
+    model_dir = layout.models_dir(volume, name)
+    smoke_path = run_dir / layout.SMOKE_SET
     if not smoke_path.is_file():
         raise StageError(f"{smoke_path} is missing: evaluate must run before deploy")
     smoke = json.loads(smoke_path.read_text())
-    version = publish(model_dir, run_dir / "model" / "saved_model", lineage(config, run_dir, run_id))
+    version = publish(model_dir, run_dir / layout.SAVED_MODEL, lineage(config, run_dir, run_id))
     channel = grpc.insecure_channel(endpoint)
     try:
         waited = wait_available(channel, name, version, AVAILABLE_TIMEOUT_SECONDS)
@@ -181,12 +207,12 @@ def deploy(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str, end
         log.info("smoke test passed on %d examples", checked)
     except DeployFailed as exc:
         unpublish(model_dir, version)
-        write_json(run_dir / "deploy" / "result.json", {"deployed": False, "version": version, "rolled_back": True,
-                                                        "reason": str(exc)})
+        write_json(run_dir / layout.DEPLOY_RESULT, {"deployed": False, "version": version, "rolled_back": True,
+                                                    "reason": str(exc)})
         raise
     finally:
         channel.close()
     result = {"deployed": True, "model": name, "version": version, "endpoint": endpoint,
               "available_after_seconds": round(waited, 2), "smoke_examples": checked}
-    write_json(run_dir / "deploy" / "result.json", result)
+    write_json(run_dir / layout.DEPLOY_RESULT, result)
     return result

@@ -17,6 +17,8 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from trainyard_contract.layout import SAVED_MODEL_PB
+
 log = logging.getLogger("trainyard.serving")
 
 SIGNATURE = "serving_default"
@@ -44,7 +46,7 @@ class LoadedVersion:
             raise ValueError(f"no {SIGNATURE!r} signature (has: {sorted(module.signatures)})")
         signature = module.signatures[SIGNATURE]
         saved = saved_model_pb2.SavedModel()
-        saved.ParseFromString((path / "saved_model.pb").read_bytes())
+        saved.ParseFromString((path / SAVED_MODEL_PB).read_bytes())
         return cls(name=name, version=version, path=path, module=module, signature=signature,
                    inputs=dict(signature.structured_input_signature[1]),
                    outputs=dict(signature.structured_outputs), signature_defs=saved.meta_graphs[0].signature_def)
@@ -68,7 +70,7 @@ def disk_versions(model_dir: Path) -> dict[int, Path]:
     found = {}
     if model_dir.is_dir():
         for child in model_dir.iterdir():
-            if child.name.isdigit() and (child / "saved_model.pb").is_file():
+            if child.name.isdigit() and (child / SAVED_MODEL_PB).is_file():
                 found[int(child.name)] = child
     return found
 

@@ -14,7 +14,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trainyard.stage_runtime import EXIT_BAD_INPUT, StageError, add_run_arguments, load_config, parse_args, write_result
+from trainyard_contract import layout
+from trainyard_contract.runtime import (
+    EXIT_BAD_INPUT,
+    StageError,
+    add_run_arguments,
+    load_config,
+    parse_args,
+    relative_to_volume,
+    write_result,
+)
 
 log = logging.getLogger("trainyard")
 
@@ -49,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         return run_decide(args)
     if args.command == "evaluate":
         return run_evaluate(args)
-    from trainyard_trainer.cluster import read_tf_config
+    from trainyard_contract.tf_config import read_tf_config
     from trainyard_trainer.data import load_schema
     from trainyard_trainer.train import ModelError, check_model, train, training_record
 
     try:
         config = load_config()
         task = read_tf_config()
-        schema = load_schema(args.run_dir / "prepared")
+        schema = load_schema(args.run_dir)
         log.info("%s: pipeline=%s run=%s strategy=%s task=%s", args.command, config.name, args.run_id,
                  config.training.strategy, f"{task.role}:{task.index}" if task else "single")
         if args.command == "check":
@@ -75,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         from trainyard_trainer.train import build
 
         training = training_record(outcome, config)
-        export(plain_copy(model, lambda: build(config, schema)[0]), schema, args.run_dir / "model", training)
-        write_result(args.xcom, {**training, "model": str((args.run_dir / "model").relative_to(args.volume))})
+        export(plain_copy(model, lambda: build(config, schema)[0]), schema, args.run_dir / layout.MODEL, training)
+        write_result(args.xcom, {**training, "model": relative_to_volume(args.volume, args.run_dir / layout.MODEL)})
         log.info("training finished: %s", training)
         return 0
     except (ModelError, StageError, FileNotFoundError) as exc:
@@ -98,28 +107,28 @@ def run_evaluate(args: argparse.Namespace) -> int:
              f"v{champion['version']} {champion['metrics']}" if champion else "none")
     write_result(args.xcom, {"metrics": payload["challenger"], "eval_rows": payload["eval_rows"],
                              "champion_version": champion["version"] if champion else None,
-                             "report": str((args.run_dir / "eval" / "report.html").relative_to(args.volume))})
+                             "report": relative_to_volume(args.volume, args.run_dir / layout.REPORT)})
     return 0
 
 
 def run_decide(args: argparse.Namespace) -> int:
     import json
 
-    from trainyard.atomic import write_json
+    from trainyard_contract.atomic import write_json
     from trainyard_trainer.decide import decide
 
     try:
         config = load_config()
-        metrics_path = args.run_dir / "eval" / "metrics.json"
+        metrics_path = args.run_dir / layout.METRICS
         if not metrics_path.is_file():
             raise StageError(f"{metrics_path} is missing: evaluate must run before decide")
-        inputs_path = args.run_dir / "inputs" / "manifest.json"
+        inputs_path = args.run_dir / layout.INPUTS_MANIFEST
         window_end = json.loads(inputs_path.read_text()).get("window_end") if inputs_path.is_file() else None
         decision = decide(config, json.loads(metrics_path.read_text()), args.force, window_end)
     except StageError as exc:
         log.error("decide failed: %s", exc)
         return EXIT_BAD_INPUT
-    write_json(args.run_dir / "deploy" / "decision.json", decision)
+    write_json(args.run_dir / layout.DECISION, decision)
     log.info("decision: %s", "DEPLOY" if decision["deploy"] else "SKIP")
     for reason in decision["reasons"]:
         log.info("  - %s", reason)

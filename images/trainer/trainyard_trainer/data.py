@@ -8,16 +8,19 @@ from typing import Any
 
 import tensorflow as tf
 
+from trainyard_contract import layout
+
 DTYPES = {"float": tf.float32, "int": tf.int64, "string": tf.string}
 
 
-def load_schema(prepared: Path) -> dict[str, Any]:
-    """schema.json, with the per-feature statistics of stats.json under "stats" (models normalise with them)."""
-    path = prepared / "schema.json"
+def load_schema(run_dir: Path) -> dict[str, Any]:
+    """The prepared schema, with the per-feature statistics of the prepared stats under "stats" (models
+    normalise with them)."""
+    path = run_dir / layout.PREPARED_SCHEMA
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: prepare_data must run before training")
     schema = json.loads(path.read_text())
-    stats = prepared / "stats.json"
+    stats = run_dir / layout.PREPARED_STATS
     schema["stats"] = json.loads(stats.read_text())["features"] if stats.is_file() else {}
     return schema
 
@@ -29,7 +32,7 @@ def feature_spec(schema: dict[str, Any]) -> dict[str, tf.io.FixedLenFeature]:
 
 
 def shard_files(prepared: Path, split: str) -> list[str]:
-    files = sorted(str(p) for p in (prepared / split).glob("*.tfrecord"))
+    files = sorted(str(p) for p in (prepared / split).glob(layout.SHARD_GLOB))
     if not files:
         raise FileNotFoundError(f"no {split} shards under {prepared / split}")
     return files

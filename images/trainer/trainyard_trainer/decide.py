@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from trainyard.schema import PipelineConfig
+from trainyard_contract.schema import PipelineConfig
 from trainyard_trainer.metrics import HIGHER_IS_BETTER
 
 

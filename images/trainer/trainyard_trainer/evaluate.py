@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from trainyard.atomic import staged_dir, write_json
-from trainyard.layout import published_versions
-from trainyard.schema import PipelineConfig
+from trainyard_contract import layout
+from trainyard_contract.atomic import staged_dir, write_json
+from trainyard_contract.layout import published_versions
+from trainyard_contract.schema import PipelineConfig
 from trainyard_trainer.data import feature_spec, shard_files
 from trainyard_trainer.metrics import HIGHER_IS_BETTER, classification_metrics, confusion_matrix
 
@@ -30,7 +31,7 @@ def champion(models_dir: Path) -> dict[str, Any] | None:
     if not published:
         return None
     version = published[-1]
-    meta_path = models_dir / str(version) / "trainyard.json"
+    meta_path = models_dir / str(version) / layout.VERSION_METADATA
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     return {"version": version, "metrics": meta.get("metrics", {}), "run_id": meta.get("run_id"),
             "data_window_end": meta.get("data_window_end")}
@@ -55,10 +56,10 @@ def predict_eval_split(saved_model: Path, prepared: Path, schema: dict[str, Any]
             **{f"feature:{n}": np.concatenate(v) for n, v in features.items()}}
 
 
-def training_curve(tensorboard: Path) -> list[tuple[int, float]]:
+def training_curve(folder: Path) -> list[tuple[int, float]]:
+    """The training loss by step, from the chief's TensorBoard event files in `folder`."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    folder = tensorboard / "train"
     if not folder.is_dir():
         return []
     events = EventAccumulator(str(folder), size_guidance={"tensors": 0})
@@ -132,15 +133,15 @@ td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}th{{background:#
 
 
 def evaluate(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str) -> dict[str, Any]:
-    prepared = run_dir / "prepared"
-    schema = json.loads((run_dir / "model" / "schema.json").read_text())
-    scored = predict_eval_split(run_dir / "model" / "saved_model", prepared, schema)
+    prepared = run_dir / layout.PREPARED
+    schema = json.loads((run_dir / layout.MODEL_SCHEMA).read_text())
+    scored = predict_eval_split(run_dir / layout.SAVED_MODEL, prepared, schema)
     labels, probabilities = scored["labels"], scored["probabilities"]
     metrics = classification_metrics(labels, probabilities, list(config.evaluation.metrics))
     matrix = confusion_matrix(labels, probabilities.argmax(axis=1), probabilities.shape[1])
     payload = {
         "run_id": run_id, "eval_rows": int(len(labels)), "challenger": metrics,
-        "champion": champion(volume / "models" / config.model_name),
+        "champion": champion(layout.models_dir(volume, config.model_name)),
         "confusion_matrix": matrix.tolist(),
     }
     names = [f["name"] for f in schema["features"]]
@@ -149,9 +150,9 @@ def evaluate(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str) -
              "dtypes": {f["name"]: f["dtype"] for f in schema["features"]},
              "class_ids": probabilities[:take].argmax(axis=1).tolist(),
              "probabilities": probabilities[:take].tolist()}
-    with staged_dir(run_dir / "eval") as out:
-        write_json(out / "metrics.json", payload)
-        write_json(out / "smoke.json", smoke)
-        curve = training_curve(run_dir / "tensorboard")
-        (out / "report.html").write_text(render_report(config, payload, matrix, curve))
+    with staged_dir(run_dir / layout.EVAL) as out:
+        write_json(out / layout.METRICS.name, payload)
+        write_json(out / layout.SMOKE_SET.name, smoke)
+        curve = training_curve(run_dir / layout.TENSORBOARD_TRAIN)
+        (out / layout.REPORT.name).write_text(render_report(config, payload, matrix, curve))
     return payload

@@ -8,7 +8,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainyard.atomic import staged_dir, write_json
+from trainyard_contract import layout
+from trainyard_contract.atomic import staged_dir, write_json
 from trainyard_trainer.data import DTYPES
 
 
@@ -44,7 +45,8 @@ def export(model: keras.Model, schema: dict[str, Any], model_dir: Path, training
     """Write `model/` by temp-then-rename: `saved_model/` plus `schema.json` and `training.json` beside it."""
     with staged_dir(model_dir) as out:
         module = ServingModule(model, schema)
-        tf.saved_model.save(module, str(out / "saved_model"), signatures={"serving_default": module.serve})
-        write_json(out / "schema.json", {k: v for k, v in schema.items() if k != "stats"})
-        write_json(out / "training.json", training)
+        tf.saved_model.save(module, str(out / layout.SAVED_MODEL.name),
+                            signatures={"serving_default": module.serve})
+        write_json(out / layout.MODEL_SCHEMA.name, {k: v for k, v in schema.items() if k != "stats"})
+        write_json(out / layout.TRAINING_RECORD.name, training)
     return model_dir

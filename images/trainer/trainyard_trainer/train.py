@@ -18,8 +18,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainyard.schema import PipelineConfig
-from trainyard_trainer.cluster import TaskConfig
+from trainyard_contract import layout
+from trainyard_contract.schema import PipelineConfig
+from trainyard_contract.tf_config import TaskConfig
 from trainyard_trainer.data import make_dataset
 
 log = logging.getLogger("trainyard")
@@ -96,7 +97,7 @@ def train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema
     """Run the loop on the coordinating process; returns what training.json records and the trained model."""
     training = config.training
     strategy = make_strategy(training.strategy, task)
-    prepared = run_dir / "prepared"
+    prepared = run_dir / layout.PREPARED
     with strategy.scope():
         model, loss_object = build(config, schema)
         model.build((None, len(schema["features"])))
@@ -104,13 +105,13 @@ def train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema
         optimizer.build(model.trainable_variables)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
-    manager = tf.train.CheckpointManager(checkpoint, str(checkpoint_dir or run_dir / "checkpoints"), max_to_keep=3,
+    manager = tf.train.CheckpointManager(checkpoint, str(checkpoint_dir or run_dir / layout.CHECKPOINTS), max_to_keep=3,
                                          step_counter=step)
     restored = manager.restore_or_initialize()
     start_step = int(step.numpy())
     if restored:
         log.info("restored checkpoint %s: resuming at step %d", restored, start_step)
-    writer = tf.summary.create_file_writer(str(run_dir / "tensorboard" / "train"))
+    writer = tf.summary.create_file_writer(str(run_dir / layout.TENSORBOARD_TRAIN))
     batch = training.batch_size
 
     def replica_step(features: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trainyard.backends.base import Launcher
-    from trainyard.schema import PipelineConfig
+    from trainyard_contract.schema import PipelineConfig
 
 
-def launcher_for(name: str, config: PipelineConfig) -> Launcher:
-    """The launcher of backend `name` (imported lazily: the local backend never loads the provider's operator)."""
+def launcher_for(name: str, config: PipelineConfig, images: Mapping[str, str] | None = None) -> Launcher:
+    """The launcher of backend `name` (imported lazily: the local backend never loads the provider's operator).
+
+    `images` maps image repositories to entrypoint modules (from the stage registry): the local backend runs
+    those images' modules as processes."""
     if name == "local":
         from trainyard.backends.local import LocalLauncher
 
-        return LocalLauncher()
+        return LocalLauncher(images=images)
     if name == "kubernetes":
         from trainyard.backends.kubernetes import KubernetesLauncher
 

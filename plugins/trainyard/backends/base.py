@@ -7,11 +7,9 @@ from typing import Any, Protocol
 
 from kubernetes.client import models as k8s
 
-from trainyard.cluster_spec import Replicas
-from trainyard.schema import PipelineConfig
-from trainyard.stage_runtime import EXIT_BAD_INPUT, EXIT_USAGE
-
-NON_RETRYABLE_EXIT_CODES = (EXIT_USAGE, EXIT_BAD_INPUT)
+from trainyard_contract.cluster_spec import Replicas
+from trainyard_contract.runtime import is_retryable_exit
+from trainyard_contract.schema import PipelineConfig
 
 
 class StageFailed(Exception):
@@ -24,18 +22,21 @@ class StageFailed(Exception):
     @property
     def retryable(self) -> bool:
         """False when the stage said its input is bad: a retry would fail the same way."""
-        return self.exit_code not in NON_RETRYABLE_EXIT_CODES
+        return is_retryable_exit(self.exit_code)
 
 
 class Launcher(Protocol):
+    """What a backend does for the operators; `launcher_for` returns one (local processes or Kubernetes pods)."""
+
     def run_pod(self, pod: k8s.V1Pod, log: logging.Logger, context: Any = None) -> dict[str, Any] | None:
         """Run one pod to completion, streaming its output to `log`; return its result (XCom) or None.
 
         `context` is the Airflow task context (the Kubernetes backend runs KubernetesPodOperator in it)."""
         ...
 
-    def serving_endpoint(self, config: PipelineConfig) -> str:
-        """The gRPC address of the TF Serving endpoint that serves `config.model_name`."""
+    def ensure_serving(self, config: PipelineConfig, log: logging.Logger) -> str:
+        """Make sure the TF Serving endpoint of `config.model_name` exists (Kubernetes: create or patch its
+        Deployment and Service); return its gRPC address. A named step of its own, run before deploy."""
         ...
 
     def cluster_hosts(self, job: str, namespace: str, port: int, replicas: Replicas) -> dict[str, list[str]]:

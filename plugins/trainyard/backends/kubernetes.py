@@ -1,7 +1,7 @@
 """The Kubernetes backend: the same pod specs as the local backend, launched in a cluster.
 
 Single-pod stages go through KubernetesPodOperator (kubernetes_stage.py), the training job through
-`KubernetesJob` (kubernetes_job.py), the serving objects through `ensure_serving` (kubernetes_serving.py). The
+`KubernetesJob` (kubernetes_job.py), the serving objects through `apply_serving_objects` (kubernetes_serving.py). The
 cluster is reached through one Airflow connection (`kubernetes.connection_id`: in-cluster config or a kubeconfig);
 every client is passed in, so tests run the real code against autospec'd API objects.
 """
@@ -20,10 +20,10 @@ from kubernetes.client.exceptions import ApiException
 
 from trainyard.backends.base import StageFailed
 from trainyard.backends.kubernetes_job import KubernetesJob, selector_of
-from trainyard.backends.kubernetes_serving import ensure_serving
+from trainyard.backends.kubernetes_serving import apply_serving_objects
 from trainyard.backends.kubernetes_stage import build_pod_operator
-from trainyard.cluster_spec import Replicas, kubernetes_hosts
-from trainyard.schema import PipelineConfig
+from trainyard_contract.cluster_spec import Replicas, kubernetes_hosts
+from trainyard_contract.schema import PipelineConfig
 
 POLL_SECONDS = 2.0
 
@@ -62,9 +62,9 @@ class KubernetesLauncher:
                               operator.stage_exit_code)
         return operator.stage_result
 
-    def serving_endpoint(self, config: PipelineConfig) -> str:
+    def ensure_serving(self, config: PipelineConfig, log: logging.Logger) -> str:
         """Create or patch the model's TF Serving Deployment and Service; their in-cluster gRPC address."""
-        return ensure_serving(self.core, self.apps, config, logging.getLogger("trainyard.kubernetes"))
+        return apply_serving_objects(self.core, self.apps, config, log)
 
     def cluster_hosts(self, job: str, namespace: str, port: int, replicas: Replicas) -> dict[str, list[str]]:
         """`<job>-<role>-<i>.<job>.<namespace>.svc:<port>`, resolved through the job's headless Service."""

@@ -22,7 +22,8 @@ from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
 from trainyard.backends.base import StageFailed
-from trainyard.stage_runtime import result_from_log
+from trainyard_contract.replica_policy import Action, on_replica_exit
+from trainyard_contract.runtime import result_from_log
 
 TAIL_LINES = 40
 DELETE_GRACE_SECONDS = 30
@@ -167,14 +168,14 @@ class KubernetesJob:
             self.sleep(self.poll_seconds)
 
     def _replace_or_fail(self, name: str, spec: k8s.V1Pod, pod: k8s.V1Pod | None) -> k8s.V1Pod:
-        how = f"exited with code {exit_code_of(pod)}" if pod is not None else "vanished (evicted or deleted)"
-        role = role_of(spec)
-        if role != "worker":
-            raise StageFailed(self._failure(f"{name} {how} (a parameter server cannot be replaced)"))
-        if self.restarts >= self.restart_budget:
-            raise StageFailed(self._failure(f"{name} {how} (restart budget of {self.restart_budget} exhausted)"))
+        """A replica ended (its pod Failed, or vanished: exit code None): the contract's replica policy says
+        whether it is recreated."""
+        code = exit_code_of(pod) if pod is not None else None
+        verdict = on_replica_exit(role_of(spec), code, self.restarts, self.restart_budget)
+        if verdict.action is not Action.RESTART:
+            raise StageFailed(self._failure(f"{name} {verdict.reason}"), code if code is not None else 1)
         self.restarts += 1
-        self.log.warning("%s %s; recreating it (%d of %d restarts)", name, how, self.restarts, self.restart_budget)
+        self.log.warning("%s %s", name, verdict.reason)
         self._log_tail(name)
         self._delete_pod(name)
         fresh = replacement(spec, self.restarts)

@@ -14,7 +14,7 @@ from kubernetes.client import AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from trainyard.podspec import build_serving_deployment, build_serving_service, serving_address
-from trainyard.schema import PipelineConfig
+from trainyard_contract.schema import PipelineConfig
 
 
 def _apply(read: Callable[..., Any], create: Callable[..., Any], patch: Callable[..., Any], body: Any,
@@ -33,7 +33,7 @@ def _apply(read: Callable[..., Any], create: Callable[..., Any], patch: Callable
     return "patched"
 
 
-def ensure_serving(core: CoreV1Api, apps: AppsV1Api, config: PipelineConfig, log: logging.Logger) -> str:
+def apply_serving_objects(core: CoreV1Api, apps: AppsV1Api, config: PipelineConfig, log: logging.Logger) -> str:
     """Create or patch the Deployment and the Service; return the gRPC address the deploy stage uses."""
     _apply(apps.read_namespaced_deployment, apps.create_namespaced_deployment, apps.patch_namespaced_deployment,
            build_serving_deployment(config), log)

@@ -15,8 +15,8 @@ from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCal
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from kubernetes.client import models as k8s
 
-from trainyard.schema import PipelineConfig
-from trainyard.stage_runtime import result_from_log
+from trainyard_contract.runtime import result_from_log
+from trainyard_contract.schema import PipelineConfig
 
 RESULT_LOG_LINES = 2000
 TERMINATION_GRACE_SECONDS = 30

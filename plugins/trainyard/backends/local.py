@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,13 @@ from kubernetes.client import models as k8s
 
 from trainyard import settings
 from trainyard.backends.base import StageFailed
-from trainyard.cluster_spec import ROLES, Replicas, local_hosts
 from trainyard.images import local_command
 from trainyard.podspec import SCRATCH_NAME, VOLUME_NAME
-from trainyard.schema import PipelineConfig
-from trainyard.stages import XCOM_DIR
+from trainyard.registry import images as registry_images
+from trainyard_contract.cluster_spec import ROLES, Replicas, local_hosts
+from trainyard_contract.replica_policy import Action, on_replica_exit
+from trainyard_contract.runtime import XCOM_DIR, XCOM_RETURN
+from trainyard_contract.schema import PipelineConfig
 
 TAIL_LINES = 40
 STOP_GRACE_SECONDS = 10.0
@@ -64,7 +67,7 @@ def _env_for(container: k8s.V1Container, mapper: PathMapper) -> dict[str, str]:
 class LocalProcess:
     """One running pod-as-process: started in its own session so it can be stopped with all its children."""
 
-    def __init__(self, pod: k8s.V1Pod, data_dir: Path, work_dir: Path):
+    def __init__(self, pod: k8s.V1Pod, data_dir: Path, work_dir: Path, images: Mapping[str, str]):
         container = pod.spec.containers[0]
         self.name = pod.metadata.name
         self.role = (pod.metadata.labels or {}).get("trainyard/role", "main")
@@ -79,10 +82,10 @@ class LocalProcess:
                 mounts.setdefault(mount.mount_path, work_dir / mount.name)
         for local in mounts.values():
             local.mkdir(parents=True, exist_ok=True)
-        self.xcom_file = mounts[XCOM_DIR] / "return.json"
         mapper = PathMapper(mounts)
         self.map_path = mapper
-        self.argv = local_command(container.image, list(container.command or [])) + [
+        self.xcom_file = Path(mapper(XCOM_RETURN))
+        self.argv = local_command(container.image, list(container.command or []), images) + [
             mapper(a) for a in container.args or []
         ]
         self.env = _env_for(container, mapper)
@@ -148,15 +151,16 @@ class LocalProcess:
 class LocalLauncher:
     """Runs pods as local processes; `kill()` (from on_kill, any thread) stops every process it started."""
 
-    def __init__(self, data_dir: Path | None = None):
+    def __init__(self, data_dir: Path | None = None, images: Mapping[str, str] | None = None):
         self.data_dir = data_dir or settings.data_dir()
+        self.images = dict(images if images is not None else registry_images())
         self._running: list[LocalProcess] = []
         self._lock = threading.Lock()
 
     def run_pod(self, pod: k8s.V1Pod, log: logging.Logger, context: Any = None) -> dict[str, Any] | None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="trainyard-pod-") as work:
-            proc = LocalProcess(pod, self.data_dir, Path(work))
+            proc = LocalProcess(pod, self.data_dir, Path(work), self.images)
             log.info("local backend: running pod %s: %s", proc.name, " ".join(proc.argv))
             with self._lock:
                 self._running.append(proc)
@@ -179,8 +183,8 @@ class LocalLauncher:
         for proc in running:
             proc.stop()
 
-    def serving_endpoint(self, config: PipelineConfig) -> str:
-        """The local TF Serving API server (`trainyard serve`)."""
+    def ensure_serving(self, config: PipelineConfig, log: logging.Logger) -> str:
+        """The local TF Serving API server, which `trainyard serve` starts (nothing to create here)."""
         return settings.local_serving_grpc(config.deploy.grpc_port)
 
     def cluster_hosts(self, job: str, namespace: str, port: int, replicas: Replicas) -> dict[str, list[str]]:
@@ -198,7 +202,7 @@ class LocalLauncher:
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="trainyard-job-") as work:
-            procs = [LocalProcess(pod, self.data_dir, Path(work) / pod.metadata.name) for pod in pods]
+            procs = [LocalProcess(pod, self.data_dir, Path(work) / pod.metadata.name, self.images) for pod in pods]
             chief = next(p for p in procs if p.role == "chief")
             others = [p for p in procs if p is not chief]
             log_folder = Path(chief.map_path(logs_dir))
@@ -227,7 +231,7 @@ class LocalLauncher:
                 for proc in others:
                     sections += [f"--- {proc.name} (last lines, full log: {proc.output}) ---", *proc.log_tail()]
                 raise StageFailed(f"training job failed: {reason}\n" + "\n".join(sections),
-                                  code if monitor.fatal is None else 1)
+                                  code if monitor.fatal is None else monitor.fatal_code)
             log.info("training job finished; worker restarts: %d", monitor.restarts)
             result = chief.read_xcom()
             if result is not None:
@@ -252,11 +256,13 @@ class JobMonitor(threading.Thread):
 
     POLL_SECONDS = 0.5
 
-    def __init__(self, replicas: list[LocalProcess], budget: int, log: logging.Logger, on_fatal: Any):
+    def __init__(self, replicas: list[LocalProcess], budget: int, log: logging.Logger,
+                 on_fatal: Callable[[], None]):
         super().__init__(name="trainyard-job-monitor", daemon=True)
         self.replicas, self.budget, self.log, self.on_fatal = replicas, budget, log, on_fatal
         self.restarts = 0
         self.fatal: str | None = None
+        self.fatal_code: int | None = None
         self._finished: set[str] = set()
         self._stopping = threading.Event()
 
@@ -266,20 +272,18 @@ class JobMonitor(threading.Thread):
                 code = proc.process.poll() if proc.process else None
                 if code is None or self._stopping.is_set() or proc.name in self._finished:
                     continue
-                if code == 0:  # a multi_worker_mirrored worker that finished its steps: not a loss
+                verdict = on_replica_exit(proc.role, code, self.restarts, self.budget)
+                if verdict.action is Action.FINISHED:
                     self._finished.add(proc.name)
-                    continue
-                if proc.role == "worker" and self.restarts < self.budget:
+                elif verdict.action is Action.RESTART:
                     self.restarts += 1
-                    self.log.warning("%s exited with code %s; restarting it (%d of %d restarts)", proc.name, code,
-                                     self.restarts, self.budget)
+                    self.log.warning("%s %s", proc.name, verdict.reason)
                     proc.start(output=proc.output)
-                    continue
-                why = "restart budget exhausted" if proc.role == "worker" else "a parameter server cannot be replaced"
-                self.fatal = f"{proc.name} exited with code {code} ({why})"
-                self.log.error("%s; stopping the job", self.fatal)
-                self.on_fatal()
-                return
+                else:
+                    self.fatal, self.fatal_code = f"{proc.name} {verdict.reason}", code
+                    self.log.error("%s; stopping the job", self.fatal)
+                    self.on_fatal()
+                    return
 
     def stop(self) -> None:
         self._stopping.set()

@@ -1,5 +1,6 @@
 """What every stage entrypoint (images/*/__main__.py) shares: exit codes, arguments, the config from the pod env,
-XCom, progress logging. Airflow-free and light: every image copies it beside the config schema."""
+the result line, progress logging. Part of the contract package: the Airflow side builds the pod env and reads the
+result with the same names, and every image installs it (no Airflow, no TensorFlow here)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,25 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trainyard.atomic import write_json
-from trainyard.schema import PipelineConfig
-from trainyard.stages import CONFIG_ENV, RUN_ENV
+from trainyard_contract.atomic import write_json
+from trainyard_contract.schema import PipelineConfig
 
 log = logging.getLogger("trainyard")
 
 # Exit codes of every stage entrypoint; the operators do not retry 2 and 3 (a retry would fail the same way).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_INPUT = 0, 1, 2, 3
+NON_RETRYABLE_EXIT_CODES = frozenset({EXIT_USAGE, EXIT_BAD_INPUT})
+
+# The pod environment a stage is started with (built on the Airflow side by trainyard.stages).
+CONFIG_ENV = "TRAINYARD_CONFIG_JSON"  # the run's config, with the trigger's Param overrides applied
+RUN_ENV = "TRAINYARD_RUN_JSON"  # how the run was started (run type, trigger Params): recorded in its lineage
+XCOM_DIR = "/airflow/xcom"  # KubernetesPodOperator's XCom folder; the local backend maps it to a temp folder
+XCOM_RETURN = f"{XCOM_DIR}/return.json"
+
+
+def is_retryable_exit(code: int | None) -> bool:
+    """False for the codes a stage uses to say its input is bad: running it again would fail the same way."""
+    return code not in NON_RETRYABLE_EXIT_CODES
 
 
 class StageError(Exception):

@@ -1,0 +1,165 @@
+"""The stage registry: one declaration per stage, from which everything else is derived.
+
+The DAG factory builds one task per declaration (in order, with the operator its `kind` names), `stages.py` builds
+each stage's container from it, `trainyard render` renders its pods, the local backend maps images to modules
+through `IMAGES`, and the DAG docs list what each stage reads and writes. Adding a stage is one declaration here
+plus one sub-command in an image's entrypoint (README, "Add a stage"). Pure data: no Airflow, no I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from trainyard_contract import layout as L
+from trainyard_contract.layout import Artifact
+from trainyard_contract.schema import PipelineConfig, Resources
+
+StageKind = Literal["pod", "branch", "job"]
+Hardware = Literal["cpu", "gpu"]
+
+
+@dataclass(frozen=True)
+class StageImage:
+    """One of Trainyard's images: its repository and the Python module its entrypoint runs (`python -m`)."""
+
+    repository: str
+    module: str
+
+
+PREP = StageImage("trainyard/prep", "trainyard_prep")
+TRAINER = StageImage("trainyard/trainer", "trainyard_trainer")
+EVALUATE = StageImage("trainyard/evaluate", "trainyard_trainer")
+SERVING = StageImage("trainyard/serving", "trainyard_serving")
+
+
+def _no_pool(config: PipelineConfig) -> str | None:
+    return None
+
+
+def _no_flags(params: Mapping[str, Any]) -> tuple[str, ...]:
+    return ()
+
+
+def _default_retries(config: PipelineConfig) -> int:
+    return config.retries
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: an Airflow task that runs `python -m <image.module> <command>` in a pod of `image`.
+
+    kind: `pod` (one pod), `branch` (one pod, then follow the next stage when the result's `branch_on` key is
+    true, else `skip_<next>`), `job` (a one-pod `check_command` first, then the distributed training job, and a
+    `teardown_<task_id>` task that sweeps what a lost attempt left).
+    """
+
+    task_id: str
+    name: str  # the `trainyard/stage` label and the key in logs
+    image: StageImage
+    command: str  # the sub-command of the image's entrypoint
+    kind: StageKind
+    hardware: Hardware
+    doc: str
+    configured_image: Callable[[PipelineConfig], str]
+    resources: Callable[[PipelineConfig], Resources]
+    reads: tuple[Artifact, ...] = ()
+    writes: tuple[Artifact, ...] = ()
+    pool: Callable[[PipelineConfig], str | None] = _no_pool
+    retries: Callable[[PipelineConfig], int] = _default_retries
+    flags: Callable[[Mapping[str, Any]], tuple[str, ...]] = _no_flags  # arguments from the trigger's Params
+    needs_serving: bool = False  # the serving endpoint is ensured first and passed as `--endpoint`
+    bad_input_hint: str = "bad input: not retried; fix the data or config and re-run"
+    timeout: dt.timedelta | None = None
+    check_command: str | None = None  # job: the sub-command of the one-pod check before any replica starts
+    check_name: str | None = None
+    branch_on: str | None = None  # branch: the result key that says "go on"
+
+    def stage_names(self) -> tuple[str, ...]:
+        """Every `trainyard/stage` label this stage's pods carry (a job's check pod has its own)."""
+        return (self.check_name, self.name) if self.check_name else (self.name,)
+
+
+def _force_flag(params: Mapping[str, Any]) -> tuple[str, ...]:
+    return ("--force",) if params.get("force_deploy") else ()
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        task_id="validate_data", name="validate", image=PREP, command="validate", kind="pod", hardware="cpu",
+        doc="Great Expectations suite from the config on the run's input partitions.",
+        configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
+        writes=(L.INPUTS_MANIFEST, L.VALIDATION_RESULTS, L.DATA_DOCS),
+    ),
+    Stage(
+        task_id="prepare_data", name="prepare", image=PREP, command="prepare", kind="pod", hardware="cpu",
+        doc="Deterministic split into TFRecord shards with schema, stats and manifest.",
+        configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
+        reads=(L.INPUTS_MANIFEST,),
+        writes=(L.PREPARED_SCHEMA, L.PREPARED_STATS, L.PREPARED_MANIFEST),
+    ),
+    Stage(
+        task_id="train", name="train", image=TRAINER, command="train", kind="job", hardware="gpu",
+        doc="Distributed TensorFlow job (chief + parameter servers + workers); exports the SavedModel.",
+        configured_image=lambda c: c.training.image, resources=lambda c: c.training.chief,
+        reads=(L.PREPARED_SCHEMA, L.PREPARED_STATS, L.PREPARED_MANIFEST),
+        writes=(L.CHECKPOINTS, L.CLUSTER_LOGS, L.TENSORBOARD_TRAIN, L.SAVED_MODEL, L.MODEL_SCHEMA,
+                L.TRAINING_RECORD),
+        pool=lambda c: c.training.pool, timeout=dt.timedelta(hours=12),
+        check_command="check", check_name="check_model",
+        bad_input_hint="bad config: not retried; fix training.model and re-run",
+    ),
+    Stage(
+        task_id="evaluate", name="evaluate", image=EVALUATE, command="evaluate", kind="pod", hardware="cpu",
+        doc="Metrics on the eval split beside the served model's; report with plots.",
+        configured_image=lambda c: c.evaluation.image, resources=lambda c: c.evaluation.resources,
+        reads=(L.PREPARED_MANIFEST, L.SAVED_MODEL, L.MODEL_SCHEMA, L.TENSORBOARD_TRAIN),
+        writes=(L.METRICS, L.SMOKE_SET, L.REPORT),
+    ),
+    Stage(
+        task_id="decide", name="decide", image=EVALUATE, command="decide", kind="branch", hardware="cpu",
+        doc="Thresholds met and better than the champion (or forced): deploy, else skip; reasons logged.",
+        configured_image=lambda c: c.evaluation.image, resources=lambda c: c.evaluation.resources,
+        reads=(L.METRICS, L.INPUTS_MANIFEST), writes=(L.DECISION,),
+        flags=_force_flag, branch_on="deploy",
+    ),
+    Stage(
+        task_id="deploy", name="deploy", image=SERVING, command="deploy", kind="pod", hardware="cpu",
+        doc="Only with decide's blessing: publish version N+1, wait until AVAILABLE, smoke-test Predict, "
+            "roll back on failure.",
+        configured_image=lambda c: c.deploy.client_image, resources=lambda c: c.deploy.client_resources,
+        reads=(L.DECISION, L.SAVED_MODEL, L.SMOKE_SET, L.METRICS, L.INPUTS_MANIFEST, L.PREPARED_MANIFEST,
+               L.TRAINING_RECORD),
+        writes=(L.DEPLOY_RESULT,),
+        pool=lambda c: c.deploy.pool, needs_serving=True,
+    ),
+)
+
+
+def images(stages: Iterable[Stage] = STAGES) -> dict[str, str]:
+    """Image repository -> entrypoint module, for every image the stages use (the local backend's map)."""
+    table: dict[str, str] = {}
+    for stage in stages:
+        known = table.setdefault(stage.image.repository, stage.image.module)
+        if known != stage.image.module:
+            raise ValueError(f"image {stage.image.repository!r} is declared with two modules: {known}, "
+                             f"{stage.image.module}")
+    return table
+
+
+def stage_named(name: str, stages: Iterable[Stage] = STAGES) -> Stage:
+    for stage in stages:
+        if name in (stage.name, stage.task_id):
+            return stage
+    known = ", ".join(s.name for s in stages)
+    raise ValueError(f"unknown stage {name!r}; known: {known}")
+
+
+def skip_task_id(stage: Stage) -> str:
+    return f"skip_{stage.task_id}"
+
+
+def teardown_task_id(stage: Stage) -> str:
+    return f"teardown_{stage.task_id}"
