@@ -80,3 +80,44 @@ def test_example_pipeline_on_kubernetes(core, cluster_env: dict[str, str]) -> No
     assert leftovers == []  # every replica pod was deleted after its log was read
     deployment = apps_api.read_namespaced_deployment(name="digits-serving", namespace=NS)
     assert deployment.status.available_replicas == deployment.spec.replicas
+
+
+def test_an_unschedulable_training_job_times_out_and_leaves_nothing(core, cluster_env: dict[str, str]) -> None:
+    """No node has what the replicas ask for (16 GPUs per worker, a node pool nobody labelled): the job fails after
+    the startup timeout with the scheduler's reason, and no pod or Service of the job is left."""
+    import logging
+
+    from trainyard.backends.base import StageFailed
+    from trainyard.backends.kubernetes import KubernetesLauncher
+    from trainyard.config_loader import find_pipeline_file, load_pipeline_file
+    from trainyard.podspec import build_headless_service, build_job_pods, job_selector
+    from trainyard.registry import stage_named
+    from trainyard.stages import RunContext, train_containers, train_replicas
+    from trainyard_contract.cluster_spec import job_name, kubernetes_hosts
+    from trainyard_contract.layout import run_key
+    from trainyard_contract.schema import PipelineConfig
+
+    core_api, _ = core
+    data = load_pipeline_file(find_pipeline_file(Path("pipelines_config"), "digits")).model_dump()
+    data["kubernetes"]["startup_timeout_seconds"] = 30
+    data["kubernetes"]["node_pools"] = {"cpu": {"trainyard.io/pool": "nobody-has-this"},
+                                        "gpu": {"trainyard.io/pool": "nobody-has-this"}}
+    data["training"]["workers"]["resources"]["gpu"] = 16
+    config = PipelineConfig.model_validate(data)
+    run = RunContext(pipeline=config.name, run_id="cluster-unschedulable")
+    stage = stage_named("train")
+    job = job_name(config.name, run_key(run.run_id))
+    cluster = kubernetes_hosts(job, NS, config.training.port, train_replicas(config))
+    pods = build_job_pods(config, run, train_containers(config, run, stage, cluster), job)
+
+    with pytest.raises(StageFailed, match=r"still Pending after 30s: .*(Unschedulable|FailedScheduling)") as info:
+        KubernetesLauncher(config).run_job(pods, logging.getLogger("cluster-test"), 1, "/data/x",
+                                           service=build_headless_service(config, run, stage, job))
+    assert "api_version" not in str(info.value)  # the reason, never the pod object
+    selector = ",".join(f"{k}={v}" for k, v in job_selector(config, run, stage).items())
+    for _ in range(60):  # deletion is eventual: pods terminate, then go
+        if not core_api.list_namespaced_pod(namespace=NS, label_selector=selector).items:
+            break
+        time.sleep(2)
+    assert core_api.list_namespaced_pod(namespace=NS, label_selector=selector).items == []
+    assert core_api.list_namespaced_service(namespace=NS, label_selector=selector).items == []

@@ -100,11 +100,14 @@ def test_each_image_needs_only_the_contract_and_its_own_dependencies(image: str)
 
 def test_the_contract_builds_as_a_package_of_its_own(tmp_path: Path) -> None:
     """What each Dockerfile does (`pip install contract/`): a wheel holding the contract's modules and nothing else."""
+    import shutil
     import zipfile
 
+    source = tmp_path / "contract"  # a copy: building in place would leave build/ in the checkout
+    shutil.copytree(REPO / "contract", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(REPO / "contract")], check=True, capture_output=True, timeout=300)
-    (wheel,) = tmp_path.glob("trainyard_contract-*.whl")
+                    str(tmp_path / "dist"), str(source)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("trainyard_contract-*.whl")
     modules = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".py")}
     expected = {f"trainyard_contract/{p.name}" for p in (REPO / "contract" / "trainyard_contract").glob("*.py")}
     assert modules == expected and len(expected) == 8

@@ -4,6 +4,7 @@ CoreV1Api/AppsV1Api (no cluster here); every call is asserted by verb, namespace
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -97,7 +98,7 @@ def test_a_stage_pod_runs_through_kubernetes_pod_operator(config) -> None:
     assert follows and follows[0].kwargs["container"] == "main"  # logs streamed into the task log
     (deleted,) = fake.core.delete_namespaced_pod.call_args_list
     assert deleted.args[:2] == (name, NS) or deleted.kwargs.get("name") == name
-    assert fake.pods == {}
+    assert fake.undeleted() == []
 
 
 def test_a_bad_input_exit_code_fails_without_retry_and_deletes_the_pod(config) -> None:
@@ -107,7 +108,7 @@ def test_a_bad_input_exit_code_fails_without_retry_and_deletes_the_pod(config) -
     with pytest.raises(StageFailed) as info:
         launcher(config, fake).run_pod(pod, LOG, task_context())
     assert info.value.exit_code == 3 and not info.value.retryable
-    assert fake.pods == {}
+    assert fake.undeleted() == []
 
 
 def test_serving_objects_are_created_when_missing(config) -> None:
@@ -128,6 +129,7 @@ def test_serving_objects_are_created_when_missing(config) -> None:
 
 def test_serving_objects_are_patched_to_the_config_when_present(config) -> None:
     fake = FakeCluster()
+    fake._create_service(NS, build_serving_service(config))
     apps = create_autospec(AppsV1Api, instance=True)
 
     launcher(config, fake, apps).ensure_serving(config, LOG)
@@ -151,14 +153,15 @@ def test_a_forbidden_serving_read_is_an_error_not_a_create(config) -> None:
 
 def test_the_teardown_task_deletes_leftover_replicas_and_the_service(config) -> None:
     fake = FakeCluster()
+    labels = {"trainyard/run": "r1", "trainyard/stage": "train"}
     for name in ("job-ps-0", "job-worker-0"):
-        fake._create(NS, k8s.V1Pod(metadata=k8s.V1ObjectMeta(name=name),
+        fake._create(NS, k8s.V1Pod(metadata=k8s.V1ObjectMeta(name=name, labels=labels),
                                    spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="ps", image="x")])))
     fake.core.delete_namespaced_service.side_effect = ApiException(status=404, reason="NotFound")  # already gone
 
     count = launcher(config, fake).cleanup_job({"trainyard/run": "r1", "trainyard/stage": "train"}, "job", LOG)
 
-    assert count == 2 and fake.pods == {}
+    assert count == 2 and fake.undeleted() == []
     assert fake.core.list_namespaced_pod.call_args_list == [
         call(namespace=NS, label_selector="trainyard/run=r1,trainyard/stage=train")]
     assert fake.core.delete_namespaced_service.call_args_list == [call(name="job", namespace=NS)]
@@ -184,30 +187,124 @@ def test_the_launcher_reaches_the_cluster_through_the_configured_connection(conf
     assert built.apps.api_client is built.core.api_client  # one connection for the whole task
 
 
-def test_the_role_allows_every_call_the_backend_makes(config) -> None:
-    """Each CoreV1Api/AppsV1Api method the backend calls in these tests maps to a verb the Role grants."""
-    calls: set[str] = set()
-    fake = stage_cluster(0, {"rows": 1})
-    pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named("validate")))
-    launcher(config, fake).run_pod(pod, LOG, task_context())
-    calls |= {c[0].split(".")[0] for c in fake.core.mock_calls if c[0]}
-    apps = create_autospec(AppsV1Api, instance=True)
-    serving = FakeCluster()
-    launcher(config, serving, apps).ensure_serving(config, LOG)
-    calls |= {c[0] for c in apps.mock_calls} | {c[0] for c in serving.core.mock_calls}
-    calls |= {"create_namespaced_service", "delete_namespaced_service", "delete_namespaced_pod",
-              "list_namespaced_pod", "read_namespaced_pod_log"}  # the training job (test_kubernetes_job)
+API_VERBS = {"create": "create", "read": "get", "list": "list", "delete": "delete", "patch": "patch",
+             "replace": "update"}
+RESOURCES = {"pod": "pods", "service": "services", "deployment": "deployments", "event": "events"}
 
+
+def used_permissions(*mocks: object) -> set[tuple[str, str]]:
+    """(resource, verb) of every namespaced API method called on these autospec'd clients."""
+    used = set()
+    for mock in mocks:
+        for name, _, _ in mock.mock_calls:
+            method = name.split(".")[0]
+            if not method:
+                continue
+            match = re.match(r"(create|read|list|delete|patch|replace)_namespaced_(\w+?)(_log)?$", method)
+            assert match, f"unexpected API call {method}"
+            verb, kind, log = match.groups()
+            used.add((RESOURCES[kind] + ("/log" if log else ""), API_VERBS[verb]))
+    return used
+
+
+def test_the_role_grants_exactly_what_the_backend_uses(config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every path the backend has, run against the fakes; the Role must allow each call and nothing more."""
+    from airflow.providers.cncf.kubernetes.utils import pod_manager
+
+    from trainyard.backends.kubernetes_job import KubernetesJob
+    from trainyard.podspec import build_headless_service, build_job_pods, job_selector
+    from trainyard.stages import train_containers, train_replicas
+    from trainyard_contract.cluster_spec import job_name, kubernetes_hosts
+    from trainyard_contract.layout import run_key
+
+    mocks: list[object] = []
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named("validate")))
+    for exit_code, payload in ((0, {"rows": 1}), (3, None)):  # a stage pod that succeeds, one that fails
+        fake = stage_cluster(exit_code, payload)
+        with contextlib.suppress(StageFailed):
+            launcher(config, fake).run_pod(pod, LOG, task_context())
+        mocks.append(fake.core)
+    clock = iter(range(0, 10**9, 10**4))
+    monkeypatch.setattr(pod_manager, "time", SimpleNamespace(time=lambda: next(clock)))
+    never_starts = pending_cluster()
+    with pytest.raises(StageFailed):
+        launcher(config, never_starts).run_pod(pod, LOG, task_context())
+    mocks.append(never_starts.core)
+    for present in (False, True):  # serving objects created, then patched
+        serving, apps = FakeCluster(), create_autospec(AppsV1Api, instance=True)
+        if present:
+            serving._create_service(NS, build_serving_service(config))
+        else:
+            apps.read_namespaced_deployment.side_effect = ApiException(status=404, reason="NotFound")
+        launcher(config, serving, apps).ensure_serving(config, LOG)
+        mocks += [serving.core, apps]
+    # the training job: a reused Service, a replaced worker, a pod stuck Pending; then the teardown sweep
+    stage = stage_named("train")
+    job = job_name(config.name, run_key(RUN.run_id))
+    cluster = kubernetes_hosts(job, NS, config.training.port, train_replicas(config))
+    pods = build_job_pods(config, RUN, train_containers(config, RUN, stage, cluster), job)
+    service = build_headless_service(config, RUN, stage, job)
+    fake = FakeCluster()
+    fake._create_service(NS, service)
+    worker = f"{job}-worker-0"
+    fake.script = [lambda f: None, FakeCluster.all_running, lambda f: f.set(worker, "Failed", exit_code=1),
+                   lambda f: f.set(f"{worker}-r1", "Pending", scheduled=False)]
+    stub = KubernetesJob(fake.core, NS, LOG, restart_budget=2, selector=job_selector(config, RUN, stage),
+                         startup_timeout=0, poll_seconds=0, sleep=lambda s: None)
+    with pytest.raises(StageFailed, match="still Pending"):
+        stub.run(pods, service)
+    launcher(config, fake).cleanup_job(job_selector(config, RUN, stage), job, LOG)
+    mocks.append(fake.core)
+
+    used = used_permissions(*mocks)
     documents = list(yaml.safe_load_all((REPO / "k8s" / "30-rbac.yaml").read_text()))
     (role,) = [d for d in documents if d["kind"] == "Role"]
     granted = {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
-    verbs = {"create": "create", "read": "get", "list": "list", "delete": "delete", "patch": "patch",
-             "replace": "update"}
-    for method in sorted(calls):
-        match = re.match(r"(create|read|list|delete|patch|replace)_namespaced_(\w+?)(_log)?$", method)
-        assert match, f"unexpected API call {method}"
-        verb, kind, log = match.groups()
-        resource = {"pod": "pods", "service": "services", "deployment": "deployments", "event": "events"}[kind]
-        resource += "/log" if log else ""
-        assert (resource, verbs[verb]) in granted, f"{method} needs {verbs[verb]} on {resource} in the Role"
+    assert used - granted == set(), "calls the Role does not allow"
+    assert granted - used == set(), "verbs the Role grants that nothing uses"
     assert not any(resource == "pods/exec" for resource, _ in granted)
+
+
+def pending_cluster() -> FakeCluster:
+    """A cluster where a created stage pod is never scheduled (no node has what it asks for)."""
+    fake = stage_cluster(0, {"rows": 1})
+    create = fake._create
+
+    def stays_pending(namespace: str, body: dict, **kwargs: object) -> k8s.V1Pod:
+        pod = create(namespace, body)
+        fake.set(pod.metadata.name, "Pending", scheduled=False)
+        fake.add_event(pod.metadata.name, "FailedScheduling", "0/3 nodes are available: 3 Insufficient cpu.")
+        return pod
+
+    fake.core.create_namespaced_pod.side_effect = stays_pending
+    return fake
+
+
+def test_a_stage_pod_that_never_starts_says_why_in_a_few_lines(config, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.cncf.kubernetes.utils import pod_manager
+
+    clock = iter(range(0, 10**9, 10**4))  # KPO's startup clock: every look is hours later
+    monkeypatch.setattr(pod_manager, "time", SimpleNamespace(time=lambda: next(clock)))
+    fake = pending_cluster()
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named("validate")))
+
+    with pytest.raises(StageFailed) as info:
+        launcher(config, fake).run_pod(pod, LOG, task_context())
+    message = str(info.value)
+    (created,) = fake.names("create_namespaced_pod")
+    assert created != pod.metadata.name and created.startswith(pod.metadata.name[:40])  # KPO's random suffix
+    assert message == (f"pod {created} did not start within the startup timeout of 600s: Unschedulable: 0/3 nodes "
+                       "are available: 3 Insufficient nvidia.com/gpu.; FailedScheduling: 0/3 nodes are available: "
+                       "3 Insufficient cpu.")
+    assert info.value.retryable and fake.undeleted() == []
+
+
+def test_a_quota_rejection_of_a_stage_pod_is_one_clear_line(config) -> None:
+    fake = stage_cluster(0, {"rows": 1})
+    fake.pod_quota = 0
+    fake.core.create_namespaced_pod.side_effect = fake._create
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named("validate")))
+    with pytest.raises(StageFailed, match=r"^the cluster refused pod digits-validate-.*: 403 Forbidden: pods "
+                                          r"\".*\" is forbidden: exceeded quota: trainyard-quota") as info:
+        launcher(config, fake).run_pod(pod, LOG, task_context())
+    assert len(str(info.value)) < 400

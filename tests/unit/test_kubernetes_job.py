@@ -9,9 +9,8 @@ from unittest.mock import call
 
 import pytest
 from kubernetes.client import models as k8s
-from kubernetes.client.exceptions import ApiException
 
-from tests.unit.k8s_fakes import FakeCluster, result_log
+from tests.unit.k8s_fakes import FakeCluster, api_exception, result_log
 from trainyard.backends.base import StageFailed
 from trainyard.backends.kubernetes_job import DELETE_GRACE_SECONDS, KubernetesJob, selector_of
 from trainyard.config_loader import load_pipeline_file
@@ -59,6 +58,15 @@ def delete_call(name: str, grace: int = DELETE_GRACE_SECONDS):
                 body=k8s.V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Background"))
 
 
+def service_delete_call(name: str):
+    return call(name=name, namespace=NS, body=k8s.V1DeleteOptions(propagation_policy="Background"))
+
+
+def gone(fake: FakeCluster) -> bool:
+    """Nothing of the job is left: every pod deleted (or terminating) and no Service."""
+    return not fake.undeleted() and not fake.services
+
+
 def chief_succeeds(fake: FakeCluster, chief: str, payload: dict) -> None:
     fake.logs[chief] = result_log(payload)
     fake.set(chief, "Succeeded", exit_code=0)
@@ -79,11 +87,14 @@ def test_success_creates_service_then_ps_workers_then_chief_and_tears_everything
     assert fake.core.create_namespaced_service.call_args_list == [call(namespace=NS, body=service)]
     assert fake.names("create_namespaced_pod") == [f"{job}-ps-0", f"{job}-worker-0", f"{job}-worker-1", chief]
     assert all(c.kwargs["namespace"] == NS for c in fake.core.create_namespaced_pod.call_args_list)
-    assert fake.core.create_namespaced_pod.call_args_list[0].kwargs["body"] is pods[1]  # the spec, unchanged
+    first = fake.core.create_namespaced_pod.call_args_list[0].kwargs["body"]
+    assert first.spec == pods[1].spec  # the spec, unchanged; owned by the Service, so the GC can remove it
+    assert first.metadata.owner_references == [
+        k8s.V1OwnerReference(api_version="v1", kind="Service", name=job, uid="uid-0")]
     assert fake.core.delete_namespaced_pod.call_args_list == [delete_call(p.metadata.name) for p in pods
                                                               if p.metadata.name != chief] + [delete_call(chief)]
-    assert fake.core.delete_namespaced_service.call_args_list == [call(name=job, namespace=NS)]
-    assert fake.pods == {}
+    assert fake.core.delete_namespaced_service.call_args_list == [service_delete_call(job)]
+    assert gone(fake)
     # every replica's log tail was read before its pod was deleted
     tails = [c.kwargs["name"] for c in fake.core.read_namespaced_pod_log.call_args_list if c.kwargs.get("tail_lines")]
     assert sorted(tails) == sorted(p.metadata.name for p in pods if p.metadata.name != chief)
@@ -107,7 +118,7 @@ def test_a_failed_worker_is_recreated_with_the_same_hostname(job_objects) -> Non
     assert fresh.spec.containers[0].env == original.spec.containers[0].env  # same TF_CONFIG
     deletes = fake.core.delete_namespaced_pod.call_args_list
     assert deletes[0] == delete_call(worker)  # the failed pod goes first, then the teardown
-    assert delete_call(f"{worker}-r1") in deletes and fake.pods == {}
+    assert delete_call(f"{worker}-r1") in deletes and gone(fake)
 
 
 def test_a_lost_parameter_server_fails_the_job_and_cleans_up(job_objects) -> None:
@@ -117,9 +128,9 @@ def test_a_lost_parameter_server_fails_the_job_and_cleans_up(job_objects) -> Non
 
     with pytest.raises(StageFailed, match="ps-0 vanished.*parameter server cannot be replaced"):
         make_job(fake, config).run(pods, service)
-    assert fake.pods == {}
+    assert gone(fake)
     assert delete_call(f"{job}-chief-0") in fake.core.delete_namespaced_pod.call_args_list
-    assert fake.core.delete_namespaced_service.call_args_list == [call(name=job, namespace=NS)]
+    assert fake.core.delete_namespaced_service.call_args_list == [service_delete_call(job)]
 
 
 def test_restart_budget_exhausted_fails(job_objects) -> None:
@@ -131,7 +142,7 @@ def test_restart_budget_exhausted_fails(job_objects) -> None:
 
     with pytest.raises(StageFailed, match="restart budget of 1 exhausted"):
         make_job(fake, config, budget=1).run(pods, service)
-    assert fake.pods == {}
+    assert gone(fake)
 
 
 def test_a_worker_that_reports_bad_input_is_not_recreated(job_objects) -> None:
@@ -143,7 +154,7 @@ def test_a_worker_that_reports_bad_input_is_not_recreated(job_objects) -> None:
     with pytest.raises(StageFailed, match="worker-0 exited with code 3 \\(bad input or config") as info:
         make_job(fake, config, budget=5).run(pods, service)
     assert info.value.exit_code == 3 and not info.value.retryable  # Airflow does not retry it either
-    assert f"{worker}-r1" not in fake.names("create_namespaced_pod") and fake.pods == {}
+    assert f"{worker}-r1" not in fake.names("create_namespaced_pod") and gone(fake)
 
 
 def test_chief_failure_carries_its_exit_code(job_objects) -> None:
@@ -156,7 +167,7 @@ def test_chief_failure_carries_its_exit_code(job_objects) -> None:
     with pytest.raises(StageFailed, match="chief .* exited with code 3") as info:
         make_job(fake, config).run(pods, service)
     assert info.value.exit_code == 3 and not info.value.retryable
-    assert fake.pods == {} and fake.core.delete_namespaced_service.called
+    assert gone(fake) and fake.core.delete_namespaced_service.called
 
 
 def test_pending_past_the_startup_timeout_names_the_reason(job_objects) -> None:
@@ -170,20 +181,39 @@ def test_pending_past_the_startup_timeout_names_the_reason(job_objects) -> None:
 
     with pytest.raises(StageFailed, match="worker-0 still Pending after 5s: ImagePullBackOff: Back-off pulling"):
         make_job(fake, config, timeout=5).run(pods, service)
-    assert fake.pods == {} and fake.core.delete_namespaced_service.called
+    assert gone(fake) and fake.core.delete_namespaced_service.called
 
 
-def test_an_api_error_mid_watch_still_tears_down(job_objects) -> None:
+def test_an_api_error_mid_watch_is_retried_then_reported_and_still_tears_down(job_objects) -> None:
     config, job, pods, service = job_objects
     fake = FakeCluster()
-
-    def api_down(f: FakeCluster) -> None:
-        raise ApiException(status=500, reason="Internal Server Error")
-
-    fake.script = [lambda f: None, api_down]
-    with pytest.raises(ApiException):
+    fake.script = [lambda f: None, lambda f: f.fail("list_namespaced_pod", *[
+        api_exception(503, "Service Unavailable", "etcdserver: leader changed")] * 5)]
+    with pytest.raises(StageFailed, match="listing the job's pods: the API server answered 503 Service Unavailable: "
+                                          "etcdserver: leader changed 5 times"):
         make_job(fake, config).run(pods, service)
-    assert fake.pods == {} and fake.core.delete_namespaced_service.call_args_list == [call(name=job, namespace=NS)]
+    assert gone(fake) and fake.core.delete_namespaced_service.call_args_list == [service_delete_call(job)]
+
+
+def test_a_transient_api_error_mid_watch_does_not_stop_the_job(job_objects) -> None:
+    config, job, pods, service = job_objects
+    fake = FakeCluster()
+    chief = f"{job}-chief-0"
+    fake.script = [lambda f: None, lambda f: f.fail("list_namespaced_pod", api_exception(429, "TooManyRequests")),
+                   FakeCluster.all_running, lambda f: chief_succeeds(f, chief, {"steps": 300})]
+    fake.fail("read_namespaced_pod_log", api_exception(500, "InternalError"))  # one log read fails once too
+    assert make_job(fake, config).run(pods, service)["steps"] == 300
+    assert gone(fake)
+
+
+def test_a_refused_call_mid_watch_says_what_the_api_answered(job_objects) -> None:
+    config, job, pods, service = job_objects
+    fake = FakeCluster()
+    fake.script = [lambda f: None, lambda f: f.fail("list_namespaced_pod", api_exception(
+        403, "Forbidden", 'pods is forbidden: User "system:serviceaccount:trainyard:trainyard-airflow" cannot list'))]
+    with pytest.raises(StageFailed, match="the Kubernetes API refused a call: 403 Forbidden: pods is forbidden"):
+        make_job(fake, config).run(pods, service)
+    assert gone(fake)
 
 
 def test_kill_from_another_thread_stops_the_watch_and_cleans_up_once(job_objects) -> None:
@@ -195,7 +225,7 @@ def test_kill_from_another_thread_stops_the_watch_and_cleans_up_once(job_objects
 
     with pytest.raises(StageFailed, match="stopped"):
         killer.run(pods, service)
-    assert fake.pods == {}
+    assert gone(fake)
     assert fake.core.delete_namespaced_service.call_count == 1  # kill() and run()'s finally: one teardown
     assert fake.core.delete_namespaced_pod.call_count == len(pods)
 
@@ -204,7 +234,7 @@ def test_leftovers_of_an_earlier_attempt_are_deleted_first_and_the_service_reuse
     config, job, pods, service = job_objects
     fake = FakeCluster()
     fake._create(NS, next(p for p in pods if p.metadata.name.endswith("-ps-0")))  # left by the lost attempt
-    fake.core.create_namespaced_service.side_effect = ApiException(status=409, reason="AlreadyExists")
+    fake._create_service(NS, service)  # so is the Service: create answers 409, the job reads and reuses it
     chief = f"{job}-chief-0"
     fake.script = [lambda f: None, lambda f: None, FakeCluster.all_running,
                    lambda f: chief_succeeds(f, chief, {"steps": 300})]
@@ -212,4 +242,111 @@ def test_leftovers_of_an_earlier_attempt_are_deleted_first_and_the_service_reuse
     assert make_job(fake, config).run(pods, service)["steps"] == 300
     assert fake.core.delete_namespaced_pod.call_args_list[0] == delete_call(f"{job}-ps-0", grace=0)
     assert fake.names("create_namespaced_pod")[0] == f"{job}-ps-0"
-    assert fake.core.delete_namespaced_service.call_count == 1 and fake.pods == {}
+    assert fake.core.delete_namespaced_service.call_count == 1 and gone(fake)
+    assert fake.core.read_namespaced_service.call_args_list == [call(name=job, namespace=NS)]
+    created = fake.core.create_namespaced_pod.call_args_list[-1].kwargs["body"]
+    assert created.metadata.owner_references[0].uid == "uid-1"  # the reused Service's uid (the ps-0 pod had uid-0)
+
+
+def test_an_unschedulable_pod_times_out_with_its_reason_and_leaves_nothing(job_objects) -> None:
+    """The defect: its log read answers 204 (None), which raised AttributeError in cleanup and leaked every pod."""
+    config, job, pods, service = job_objects
+    fake = FakeCluster()
+    worker = f"{job}-worker-0"
+
+    def no_gpu_node(f: FakeCluster) -> None:
+        f.all_running()
+        f.set(worker, "Pending", scheduled=False)
+        f.add_event(worker, "FailedScheduling", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.", count=4)
+
+    fake.script = [lambda f: None, no_gpu_node]
+    with pytest.raises(StageFailed) as info:
+        make_job(fake, config, timeout=5).run(pods, service)
+    message = str(info.value)
+    assert f"pod {worker} still Pending after 5s: Unschedulable: 0/3 nodes are available" in message
+    assert "FailedScheduling: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu. (x4)" in message
+    assert len(message.splitlines()[0]) < 400  # a few lines, never the pod object
+    assert gone(fake)
+    assert fake.core.list_namespaced_event.call_args_list == [
+        call(namespace=NS, field_selector=f"involvedObject.name={worker}")]
+
+
+def test_cleanup_attempts_every_delete_and_retries_what_failed(job_objects) -> None:
+    config, job, pods, service = job_objects
+    fake = FakeCluster()
+    chief, ps = f"{job}-chief-0", f"{job}-ps-0"
+    fake.script = [lambda f: None, FakeCluster.all_running, lambda f: f.set(chief, "Failed", exit_code=1)]
+    fake.fail("delete_namespaced_pod", api_exception(403, "Forbidden", "admission webhook denied the request"))
+    fake.fail("delete_namespaced_service", ConnectionResetError("connection reset by peer"))
+    fake.fail("read_namespaced_pod_log", api_exception(400, "BadRequest", "container is terminated"))
+    job_run = make_job(fake, config)
+
+    with pytest.raises(StageFailed, match=f"chief {chief} exited with code 1"):  # the job's own error, kept
+        job_run.run(pods, service)
+    assert fake.undeleted() == [ps] and job_run.leftovers() == [ps, f"service/{job}"]  # every other delete ran
+    assert job_run.cleanup() == [] and gone(fake)  # a second cleanup retries only what failed
+    assert fake.names("delete_namespaced_pod").count(ps) == 2
+    assert job_run.cleanup() == [] and fake.core.delete_namespaced_service.call_count == 2
+
+
+def test_a_worker_evicted_before_it_started_is_replaced_despite_its_empty_log(job_objects) -> None:
+    config, job, pods, service = job_objects
+    fake = FakeCluster()
+    chief, worker = f"{job}-chief-0", f"{job}-worker-0"
+    fake.script = [lambda f: None, FakeCluster.all_running, lambda f: f.set(worker, "Failed", scheduled=False),
+                   lambda f: f.set(f"{worker}-r1", "Running"), lambda f: chief_succeeds(f, chief, {"steps": 300})]
+    assert make_job(fake, config).run(pods, service)["worker_restarts"] == 1
+    assert gone(fake)
+
+
+def test_a_quota_rejection_is_the_error_and_nothing_is_left(job_objects) -> None:
+    config, job, pods, service = job_objects
+    fake = FakeCluster(pod_quota=2)
+    with pytest.raises(StageFailed, match=f'the cluster refused pod {job}-worker-1: 403 Forbidden: pods '
+                                          f'"{job}-worker-1" is forbidden: exceeded quota: trainyard-quota'):
+        make_job(fake, config).run(pods, service)
+    assert gone(fake) and fake.names("create_namespaced_pod")[-1] == f"{job}-worker-1"
+
+
+def test_replicas_are_owned_by_the_service_so_the_cluster_collects_them(job_objects) -> None:
+    """If the Airflow worker dies mid-job (no cleanup runs), deleting the Service (the teardown task, or a
+    person) lets the garbage collector remove every replica."""
+    config, job, pods, service = job_objects
+    fake = FakeCluster()
+    job_run = make_job(fake, config)
+    job_run.cleanup = lambda: []  # the worker process died: nothing of the task's teardown runs
+
+    def worker_dies(f: FakeCluster) -> None:
+        raise SystemExit("airflow worker lost")
+
+    fake.script = [lambda f: None, FakeCluster.all_running, worker_dies]
+    with pytest.raises(SystemExit):
+        job_run.run(pods, service)
+    assert len(fake.undeleted()) == 4
+    owner = fake.services[job].metadata.uid
+    assert all(p.metadata.owner_references[0].uid == owner for p in fake.pods.values())
+    fake.core.delete_namespaced_service(name=job, namespace=NS)
+    assert gone(fake)
+
+
+def test_a_dropped_chief_log_stream_resumes_without_repeating_lines(job_objects, caplog) -> None:
+    config, job, pods, service = job_objects
+    fake = FakeCluster()
+    chief = f"{job}-chief-0"
+    fake.drop_follow_after = 1  # the first stream breaks after one line
+
+    def chief_runs(f: FakeCluster) -> None:
+        f.all_running()
+        f.logs[chief] = "step 100 loss 0.5\nstep 200 loss 0.3\n" + result_log({"steps": 300})
+
+    fake.script = [lambda f: None, lambda f: None, chief_runs, lambda f: threading.Event().wait(0.3),
+                   lambda f: chief_succeeds(f, chief, {"steps": 300})]
+    fake.logs[chief] = ""
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        assert make_job(fake, config).run(pods, service)["steps"] == 300
+    chief_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[chief] ")]
+    assert chief_lines[:3] == ["[chief] step 100 loss 0.5", "[chief] step 200 loss 0.3",
+                               "[chief] 2026-12-03 step 300 loss 0.1"]
+    assert chief_lines.count("[chief] step 100 loss 0.5") == 1
+    follows = [c for c in fake.core.read_namespaced_pod_log.call_args_list if c.kwargs.get("follow")]
+    assert len(follows) == 2 and "since_seconds" in follows[1].kwargs and follows[0].kwargs["timestamps"] is True

@@ -19,7 +19,8 @@ from trainyard_contract.layout import RunLayout, run_key
 REPO = Path(__file__).resolve().parents[2]
 EXEMPT = {REPO / "contract" / "trainyard_contract" / "layout.py", Path(__file__).resolve()}
 SOURCES = sorted(p for folder in ("contract", "plugins", "images", "dags", "tests", "bench")
-                 for p in (REPO / folder).rglob("*.py"))
+                 for p in (REPO / folder).rglob("*.py")
+                 if not any(part == "build" or part.endswith(".egg-info") for part in p.parts))
 
 FILE_NAMES = {a.name.rsplit("/", 1)[-1] for a in layout.RUN_ARTIFACTS if "." in a.name} | set(layout.PUBLISHED_NAMES)
 RELPATHS = {a.relpath for a in layout.RUN_ARTIFACTS}

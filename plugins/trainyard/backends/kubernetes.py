@@ -14,11 +14,14 @@ from typing import Any
 
 from airflow.exceptions import AirflowException
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import PodLaunchFailedException
+from airflow.providers.cncf.kubernetes.utils.pod_manager import PodLaunchTimeoutException
 from kubernetes.client import AppsV1Api, CoreV1Api
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
 from trainyard.backends.base import StageFailed
+from trainyard.backends.kubernetes_api import api_error, pending_reason, recent_events
 from trainyard.backends.kubernetes_job import KubernetesJob, selector_of
 from trainyard.backends.kubernetes_serving import apply_serving_objects
 from trainyard.backends.kubernetes_stage import build_pod_operator
@@ -26,6 +29,24 @@ from trainyard_contract.cluster_spec import Replicas, kubernetes_hosts
 from trainyard_contract.schema import PipelineConfig
 
 POLL_SECONDS = 2.0
+
+
+def created_name(operator: Any, pod: k8s.V1Pod) -> str:
+    """The pod's real name: KPO adds a random suffix to the name Trainyard built."""
+    created = getattr(operator, "pod", None)
+    return created.metadata.name if created is not None and created.metadata else pod.metadata.name
+
+
+def launch_failure(exc: BaseException) -> AirflowException | None:
+    """The launch error behind `exc`: KPO's cleanup raises its own error while handling the original one."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, PodLaunchFailedException | PodLaunchTimeoutException):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class KubernetesLauncher:
@@ -53,14 +74,32 @@ class KubernetesLauncher:
         try:
             operator.execute(context)
         except AirflowException as exc:
-            raise StageFailed(f"pod {pod.metadata.name} failed: {exc}", operator.stage_exit_code) from exc
+            raise StageFailed(self._stage_failure(operator, pod, exc), operator.stage_exit_code) from exc
+        except ApiException as exc:  # KPO's create answered an error (quota, admission, RBAC)
+            raise StageFailed(f"the cluster refused pod {pod.metadata.name}: {api_error(exc)}") from exc
         finally:
             with self._lock:
                 self._operator = None
         if operator.stage_exit_code not in (None, 0):
-            raise StageFailed(f"pod {pod.metadata.name} exited with code {operator.stage_exit_code}",
+            raise StageFailed(f"pod {created_name(operator, pod)} exited with code {operator.stage_exit_code}",
                               operator.stage_exit_code)
         return operator.stage_result
+
+    def _stage_failure(self, operator: Any, pod: k8s.V1Pod, exc: AirflowException) -> str:
+        """One short message for a failed stage pod: the name KPO gave it, how it ended, and for a pod that never
+        started, why (its conditions and latest events), instead of KPO's dump of the whole pod object."""
+        name = created_name(operator, pod)
+        launch = launch_failure(exc)
+        if launch is not None:
+            events = recent_events(self.core, self.namespace, name, logging.getLogger("trainyard.kubernetes"))
+            reason = pending_reason(getattr(operator, "remote_pod", None), events)
+            if isinstance(launch, PodLaunchTimeoutException):
+                timeout = self.config.kubernetes.startup_timeout_seconds
+                return f"pod {name} did not start within the startup timeout of {timeout}s: {reason}"
+            return f"pod {name} failed to start ({launch}): {reason}"
+        if operator.stage_exit_code is not None:
+            return f"pod {name} exited with code {operator.stage_exit_code}; its log is above"
+        return f"pod {name} failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
 
     def ensure_serving(self, config: PipelineConfig, log: logging.Logger) -> str:
         """Create or patch the model's TF Serving Deployment and Service; their in-cluster gRPC address."""

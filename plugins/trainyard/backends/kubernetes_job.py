@@ -3,8 +3,13 @@
 What the Training Operator's TFJob controller does, in the task that owns the job: create the Service that gives
 each replica its `<pod>.<job>` DNS name, start PS and workers and then the chief, poll the replica pods, follow the
 chief's log into the task log, recreate a failed or vanished worker (same hostname, so TF_CONFIG still holds)
-within the restart budget, and fail fast on a lost PS or chief. However the job ends (success, failure, timeout,
-exception, on_kill) every replica's log tail is read into the task log, then every pod and the Service are deleted.
+as the contract's replica policy says, and fail fast on a lost PS or chief.
+
+Teardown cannot leak. Every replica pod carries an ownerReference to the Service, created first, so the cluster's
+garbage collector removes the pods once the Service is gone, even when the Airflow worker died mid-job. However the
+job ends (success, failure, timeout, exception, on_kill) `cleanup()` reads each replica's log tail, then attempts
+every delete whatever an earlier step raised; it never raises over the job's own error, and a second call retries
+only what failed. What still cannot be deleted is left to the `teardown_train` task's label sweep.
 """
 
 from __future__ import annotations
@@ -22,11 +27,21 @@ from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
 from trainyard.backends.base import StageFailed
+from trainyard.backends.kubernetes_api import (
+    ApiUnavailable,
+    api_error,
+    follow_log,
+    pending_reason,
+    read_log_lines,
+    recent_events,
+    with_retries,
+)
 from trainyard_contract.replica_policy import Action, on_replica_exit
 from trainyard_contract.runtime import result_from_log
 
 TAIL_LINES = 40
 DELETE_GRACE_SECONDS = 30
+STOPPED = "training job was stopped (task killed or marked failed)"
 
 
 def role_of(pod: k8s.V1Pod) -> str:
@@ -44,19 +59,6 @@ def exit_code_of(pod: k8s.V1Pod) -> int | None:
     return None
 
 
-def pending_reason(pod: k8s.V1Pod) -> str:
-    """Why a pod is still Pending, in the cluster's words (ImagePullBackOff, Unschedulable: 0/3 nodes ...)."""
-    status = pod.status
-    for container in (status.container_statuses or []) if status else []:
-        waiting = container.state.waiting if container.state else None
-        if waiting is not None and waiting.reason:
-            return f"{waiting.reason}: {waiting.message or ''}".rstrip(": ")
-    for condition in (status.conditions or []) if status else []:
-        if condition.status == "False" and condition.reason:
-            return f"{condition.reason}: {condition.message or ''}".rstrip(": ")
-    return "waiting to be scheduled"
-
-
 def replacement(pod: k8s.V1Pod, attempt: int) -> k8s.V1Pod:
     """The same replica under a new pod name; hostname and subdomain stay, so its DNS name in TF_CONFIG holds."""
     fresh = copy.deepcopy(pod)
@@ -68,8 +70,16 @@ def replacement(pod: k8s.V1Pod, attempt: int) -> k8s.V1Pod:
     return fresh
 
 
+def owned_by(pod: k8s.V1Pod, service: k8s.V1Service) -> k8s.V1Pod:
+    """`pod` with an ownerReference to the job's Service: deleting the Service garbage-collects the pod."""
+    owned = copy.deepcopy(pod)
+    owned.metadata.owner_references = [k8s.V1OwnerReference(
+        api_version="v1", kind="Service", name=service.metadata.name, uid=service.metadata.uid)]
+    return owned
+
+
 class KubernetesJob:
-    """One run of one training job; `run()` once, `cleanup()` from any thread (idempotent)."""
+    """One run of one training job; `run()` once, `cleanup()` from any thread (idempotent, retries failures)."""
 
     def __init__(self, core: CoreV1Api, namespace: str, log: logging.Logger, *, restart_budget: int,
                  selector: dict[str, str], startup_timeout: float = 600.0, poll_seconds: float = 2.0,
@@ -79,11 +89,13 @@ class KubernetesJob:
         self.startup_timeout, self.poll_seconds = startup_timeout, poll_seconds
         self.clock, self.sleep = clock, sleep
         self.restarts = 0
-        self._created: dict[str, k8s.V1Pod] = {}  # every pod this job created, by name, deleted at the end
+        self._created: dict[str, k8s.V1Pod] = {}  # every pod this job created, by name
         self._created_at: dict[str, float] = {}
+        self._deleted: set[str] = set()  # pods whose delete succeeded (or that were gone already)
+        self._tails_read: set[str] = set()
         self._service: str | None = None
+        self._service_deleted = False
         self._lock = threading.RLock()
-        self._cleaned = False
         self._killed = threading.Event()
         self._chief_lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._result: dict[str, Any] | None = None
@@ -95,54 +107,80 @@ class KubernetesJob:
         try:
             self._sweep_leftovers()
             if service is not None:
-                self._service = service.metadata.name
-                try:
-                    self.core.create_namespaced_service(namespace=self.namespace, body=service)
-                    self.log.info("created headless Service %s/%s", self.namespace, self._service)
-                except ApiException as exc:
-                    if exc.status != 409:  # left by an earlier attempt of this run: same name, same selector
-                        raise
-                    self.log.info("reusing headless Service %s/%s", self.namespace, self._service)
+                owner = self._ensure_service(service)
+                pods = [owned_by(pod, owner) for pod in pods]
+                chief = next(pod for pod in pods if role_of(pod) == "chief")
             for pod in [p for p in pods if p is not chief] + [chief]:
                 self._create(pod)
             return self._watch({pod.metadata.name: pod for pod in pods}, chief.metadata.name)
+        except ApiException as exc:  # not transient (those were retried): say what the API answered
+            raise StageFailed(self._failure(f"the Kubernetes API refused a call: {api_error(exc)}")) from exc
+        except ApiUnavailable as exc:
+            raise StageFailed(self._failure(str(exc))) from exc
         finally:
             self.cleanup()
+
+    def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        return with_retries(call, what, self.log, sleep=self.sleep)
+
+    def _ensure_service(self, service: k8s.V1Service) -> k8s.V1Service:
+        """Create the headless Service first (the replicas' owner); reuse the one an earlier attempt left."""
+        name = service.metadata.name
+        self._service = name
+        try:
+            created = self._call(f"creating Service {name}", lambda: self.core.create_namespaced_service(
+                namespace=self.namespace, body=service))
+            self.log.info("created headless Service %s/%s", self.namespace, name)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            created = self._call(f"reading Service {name}", lambda: self.core.read_namespaced_service(
+                name=name, namespace=self.namespace))
+            self.log.info("reusing headless Service %s/%s", self.namespace, name)
+        return created
+
+    def _list(self) -> list[k8s.V1Pod]:
+        return self._call("listing the job's pods", lambda: self.core.list_namespaced_pod(
+            namespace=self.namespace, label_selector=self.selector)).items
 
     def _sweep_leftovers(self, timeout: float = 120.0) -> None:
         """Delete replica pods an earlier attempt of this run left (its worker was lost), and wait until they
         are gone: the new pods reuse their names."""
-        leftovers = self.core.list_namespaced_pod(namespace=self.namespace, label_selector=self.selector).items
+        leftovers = self._list()
         if not leftovers:
             return
         self.log.warning("deleting %d replica pod(s) left by an earlier attempt", len(leftovers))
         for pod in leftovers:
             self._delete_pod(pod.metadata.name, grace=0)
         started = self.clock()
-        while self.core.list_namespaced_pod(namespace=self.namespace, label_selector=self.selector).items:
+        while self._list():
             if self.clock() - started > timeout:
                 raise StageFailed(f"replica pods of an earlier attempt were not gone after {timeout:.0f}s")
             self.sleep(self.poll_seconds)
 
     def _create(self, pod: k8s.V1Pod) -> None:
+        name = pod.metadata.name
         with self._lock:
-            if self._cleaned or self._killed.is_set():
-                raise StageFailed("training job was stopped (task killed or marked failed)")
-            self.core.create_namespaced_pod(namespace=self.namespace, body=pod)
-            self._created[pod.metadata.name] = pod
-            self._created_at[pod.metadata.name] = self.clock()
-        self.log.info("created pod %s (%s)", pod.metadata.name, role_of(pod))
+            if self._killed.is_set():
+                raise StageFailed(STOPPED)
+            try:
+                self._call(f"creating pod {name}", lambda: self.core.create_namespaced_pod(
+                    namespace=self.namespace, body=pod))
+            except ApiException as exc:
+                raise StageFailed(self._failure(f"the cluster refused pod {name}: {api_error(exc)}")) from exc
+            self._created[name] = pod
+            self._created_at[name] = self.clock()
+        self.log.info("created pod %s (%s)", name, role_of(pod))
 
     def _watch(self, replicas: dict[str, k8s.V1Pod], chief: str) -> dict[str, Any] | None:
         """Poll until the chief ends; replicas maps the live pod name of each replica to its spec."""
         finished: set[str] = set()
         while True:
             if self._killed.is_set():
-                raise StageFailed("training job was stopped (task killed or marked failed)")
-            live = {pod.metadata.name: pod for pod in self.core.list_namespaced_pod(
-                namespace=self.namespace, label_selector=self.selector).items}
+                raise StageFailed(STOPPED)
+            live = {pod.metadata.name: pod for pod in self._list()}
             if self._killed.is_set():  # killed during the poll: the pods are gone because we deleted them
-                raise StageFailed("training job was stopped (task killed or marked failed)")
+                raise StageFailed(STOPPED)
             for name, spec in list(replicas.items()):
                 pod = live.get(name)
                 phase = pod.status.phase if pod is not None and pod.status else None
@@ -163,8 +201,9 @@ class KubernetesJob:
                     replicas[fresh.metadata.name] = fresh
                 waited = self.clock() - self._created_at.get(name, self.clock())
                 if phase in (None, "Pending") and pod is not None and waited > self.startup_timeout:
+                    events = recent_events(self.core, self.namespace, name, self.log)
                     raise StageFailed(self._failure(
-                        f"pod {name} still Pending after {self.startup_timeout:.0f}s: {pending_reason(pod)}"))
+                        f"pod {name} still Pending after {self.startup_timeout:.0f}s: {pending_reason(pod, events)}"))
             self.sleep(self.poll_seconds)
 
     def _replace_or_fail(self, name: str, spec: k8s.V1Pod, pod: k8s.V1Pod | None) -> k8s.V1Pod:
@@ -177,7 +216,8 @@ class KubernetesJob:
         self.restarts += 1
         self.log.warning("%s %s", name, verdict.reason)
         self._log_tail(name)
-        self._delete_pod(name)
+        if self._delete_pod(name):
+            self._deleted.add(name)
         fresh = replacement(spec, self.restarts)
         self._create(fresh)
         return fresh
@@ -188,16 +228,13 @@ class KubernetesJob:
         if self._follower is not None:
             return
 
+        def line(text: str) -> None:
+            self._chief_lines.append(text)
+            self.log.info("[chief] %s", text)
+
         def follow() -> None:
-            try:
-                response = self.core.read_namespaced_pod_log(name=name, namespace=self.namespace, container="chief",
-                                                             follow=True, _preload_content=False)
-                for raw in response.stream():
-                    for line in raw.decode(errors="replace").splitlines():
-                        self._chief_lines.append(line)
-                        self.log.info("[chief] %s", line)
-            except Exception as exc:  # the stream may drop; the final read below still finds the result
-                self.log.warning("chief log stream ended early: %s", exc)
+            follow_log(self.core, name, self.namespace, "chief", line, self.log, stopped=self._killed.is_set,
+                       sleep=self.sleep)
 
         self._follower = threading.Thread(target=follow, name="trainyard-chief-log", daemon=True)
         self._follower.start()
@@ -205,8 +242,8 @@ class KubernetesJob:
     def _chief_result(self, name: str) -> dict[str, Any] | None:
         if self._follower is not None:
             self._follower.join(timeout=30)
-        text = self.core.read_namespaced_pod_log(name=name, namespace=self.namespace, container="chief")
-        self._result = result_from_log(text.splitlines())
+        lines = read_log_lines(self.core, name, self.namespace, "chief", self.log, sleep=self.sleep)
+        self._result = result_from_log(lines)
         if self._result is None:
             raise StageFailed(f"chief {name} succeeded but printed no result line; see its log above")
         self._result["worker_restarts"] = self.restarts
@@ -214,15 +251,20 @@ class KubernetesJob:
         return self._result
 
     def _log_tail(self, name: str) -> list[str]:
+        """The last lines of a replica's log into the task log; [] (and a warning) when they cannot be read."""
         role = role_of(self._created[name]) if name in self._created else "main"
         try:
-            text = self.core.read_namespaced_pod_log(name=name, namespace=self.namespace, container=role,
-                                                     tail_lines=TAIL_LINES)
-        except ApiException as exc:
-            self.log.warning("could not read the log of %s: %s", name, exc.reason)
+            lines = read_log_lines(self.core, name, self.namespace, role, self.log, tail_lines=TAIL_LINES,
+                                   sleep=self.sleep)
+        except (ApiException, ApiUnavailable) as exc:
+            detail = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            self.log.warning("could not read the log of %s: %s", name, detail)
             return []
-        lines = text.splitlines()
-        self.log.info("--- %s (last %d lines) ---\n%s", name, len(lines), "\n".join(lines))
+        self._tails_read.add(name)
+        if lines:
+            self.log.info("--- %s (last %d lines) ---\n%s", name, len(lines), "\n".join(lines))
+        else:
+            self.log.info("--- %s: no log (the container never started) ---", name)
         return lines
 
     def _failure(self, reason: str) -> str:
@@ -235,29 +277,64 @@ class KubernetesJob:
         self._killed.set()
         self.cleanup()
 
-    def cleanup(self) -> None:
-        """Read each replica's log tail, then delete every pod this job created and its Service (404s ignored)."""
+    def leftovers(self) -> list[str]:
+        """What this job created and could not delete yet (pods by name, the Service as `service/<name>`)."""
         with self._lock:
-            if self._cleaned:
-                return
-            self._cleaned = True
-            names = list(self._created)
-        for name in names:
-            if role_of(self._created[name]) != "chief":
-                self._log_tail(name)
-            self._delete_pod(name)
-        if self._service is not None:
-            try:
-                self.core.delete_namespaced_service(name=self._service, namespace=self.namespace)
-            except ApiException as exc:
-                if exc.status != 404:
-                    self.log.error("could not delete Service %s: %s", self._service, exc.reason)
+            pods = [name for name in self._created if name not in self._deleted]
+            service = [f"service/{self._service}"] if self._service and not self._service_deleted else []
+        return pods + service
 
-    def _delete_pod(self, name: str, grace: int = DELETE_GRACE_SECONDS) -> None:
+    def cleanup(self) -> list[str]:
+        """Read each replica's log tail once, then delete every pod this job created and its Service.
+
+        Every delete is attempted whatever the one before raised; 404 counts as deleted. Never raises (the job's
+        own error stays the one the task reports); returns what is left, which the next call tries again."""
+        with self._lock:
+            pods = [name for name in self._created if name not in self._deleted]
+            delete_service = self._service is not None and not self._service_deleted
+        for name in pods:
+            if name not in self._tails_read and role_of(self._created[name]) != "chief":
+                try:
+                    self._log_tail(name)
+                except Exception as exc:  # a log is a nicety; the delete below is not
+                    self.log.warning("could not read the log of %s: %s", name, exc)
+            if self._delete_pod(name):
+                with self._lock:
+                    self._deleted.add(name)
+        if delete_service and self._delete_service():
+            with self._lock:
+                self._service_deleted = True
+        left = self.leftovers()
+        if left:
+            self.log.error("could not delete %s yet; cleanup tries again, and the teardown task sweeps them",
+                           ", ".join(left))
+        return left
+
+    def _delete_service(self) -> bool:
         try:
-            self.core.delete_namespaced_pod(
-                name=name, namespace=self.namespace,
-                body=k8s.V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Background"))
+            self._call(f"deleting Service {self._service}", lambda: self.core.delete_namespaced_service(
+                name=self._service, namespace=self.namespace,
+                body=k8s.V1DeleteOptions(propagation_policy="Background")))
+            return True
         except ApiException as exc:
-            if exc.status != 404:
-                self.log.error("could not delete pod %s: %s", name, exc.reason)
+            if exc.status == 404:
+                return True
+            self.log.error("could not delete Service %s: %s", self._service, api_error(exc))
+        except Exception as exc:
+            self.log.error("could not delete Service %s: %s", self._service, exc)
+        return False
+
+    def _delete_pod(self, name: str, grace: int = DELETE_GRACE_SECONDS) -> bool:
+        """Delete one pod; True when it is deleted or already gone, False (logged) when the API refused."""
+        try:
+            self._call(f"deleting pod {name}", lambda: self.core.delete_namespaced_pod(
+                name=name, namespace=self.namespace,
+                body=k8s.V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Background")))
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            self.log.error("could not delete pod %s: %s", name, api_error(exc))
+        except Exception as exc:
+            self.log.error("could not delete pod %s: %s", name, exc)
+        return False
