@@ -1,7 +1,9 @@
-"""Serving latency and availability: REST and gRPC predict vs the in-process signature call.
+"""Serving latency, availability and robustness: REST and gRPC predict vs the in-process signature call.
 
 Targets: p99 of each API with 8 concurrent clients <= 3x the in-process p50 + 2 ms; zero failed requests while 20
-new versions are published (by the deploy step's own publish()) under that load.
+new versions are published (by the deploy step's own publish()) under that load; REST p99 while 200 slow clients
+hold connections open <= 2x the idle p99; server RSS after 20,000 predicts and 20 version swaps within 1.25x of
+the RSS before them (no leak).
 """
 
 from __future__ import annotations
@@ -126,10 +128,72 @@ def main() -> int:
             print(f"  while publishing 20 versions ({published[0]}..{published[-1]}) in "
                   f"{time.monotonic() - started:.1f} s: gRPC {len(latencies)} ok / {failures} failed, "
                   f"REST {len(rest_lat)} ok / {rest_fail} failed (target 0 failed)")
+            slow_clients(server, url, body)
+            leak_check(server, stub, request, root / layout.MODELS / "tiny", saved)
             channel.close()
         finally:
             server.stop()
     return 0
+
+
+def rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
+
+
+def sequential(call, count: int) -> list[float]:  # noqa: ANN001
+    latencies = []
+    for _ in range(count):
+        start = time.perf_counter()
+        call()
+        latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+def slow_clients(server: Server, url: str, body: bytes, count: int = 200, requests: int = 400) -> None:
+    """REST p99 of one client, idle and then while `count` sockets each hold half a request line (well inside
+    the server's header timeout), side by side."""
+    import socket
+
+    idle = percentile(sequential(lambda: rest_call(url, body), requests), 99)
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", server.rest_port), timeout=5)
+            sock.sendall(b"POST /v1/mod")
+            sockets.append(sock)
+        loaded = percentile(sequential(lambda: rest_call(url, body), requests), 99)
+    finally:
+        for sock in sockets:
+            sock.close()
+    print(f"  REST p99 idle {idle:.2f} ms, with {count} slow clients connected {loaded:.2f} ms "
+          f"({loaded / idle:.2f}x; target <= 2x)")
+
+
+def leak_check(server: Server, stub, request, model_dir: Path, saved: Path) -> None:  # noqa: ANN001
+    """Server RSS before and after 20,000 gRPC predicts (8 clients) and 20 version swaps."""
+    before = rss_mib(server.process.pid)
+    done = [0]
+    lock = threading.Lock()
+
+    def client() -> None:
+        for _ in range(2500):
+            stub.Predict(request, timeout=10)
+            with lock:
+                done[0] += 1
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for _ in range(20):
+        publish(model_dir, saved, {"run_id": "bench-swap"})
+        time.sleep(0.3)
+    for thread in threads:
+        thread.join()
+    time.sleep(2)  # the last swap's old version is released
+    after = rss_mib(server.process.pid)
+    print(f"  server RSS {before:.0f} MiB before, {after:.0f} MiB after {done[0]} predicts and 20 swaps "
+          f"({after / before:.2f}x; target <= 1.25x)")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,29 @@ from pathlib import Path
 from typing import Any
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries durable: a rename inside it is on disk once this returns."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and folder under `root` (files first, then their folders, `root` last)."""
+    for folder, _, files in os.walk(root, topdown=False):
+        for name in files:
+            fd = os.open(Path(folder) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(folder))
+
+
 def write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary sibling, fsync, then rename over `path`."""
+    """Write `data` to a temporary sibling, fsync, then rename over `path` (and fsync the folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -26,6 +47,7 @@ def write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
 
 
 def write_json(path: Path, payload: Any) -> None:

@@ -40,10 +40,12 @@ def export_tiny_model(target: Path, bias: float = 0.0) -> Path:
 
 
 class Server:
-    def __init__(self, models: Path):
-        self.models = models
-        self.grpc_port, self.rest_port = free_port(), free_port()
+    def __init__(self, models: Path, *extra: str, grpc_port: int | None = None):
+        """`extra`: more `serve` flags (limits); `grpc_port`: a port to reuse (another server's, in a test)."""
+        self.models, self.extra = models, list(extra)
+        self.grpc_port, self.rest_port = grpc_port or free_port(), free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.log: Path | None = None
 
     @property
     def grpc(self) -> str:
@@ -57,8 +59,9 @@ class Server:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainyard_serving", "serve", "--models-dir", str(self.models),
              "--grpc-port", str(self.grpc_port), "--rest-port", str(self.rest_port), "--poll-seconds", "0.2",
-             "--max-body-bytes", str(1 << 20)],
+             "--max-body-bytes", str(1 << 20), *self.extra],
             stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+        self.log = log
         for _ in range(240):  # bounded: 60 s
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")

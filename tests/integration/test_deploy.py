@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,74 @@ def test_racing_deploys_get_distinct_versions(tmp_path: Path) -> None:
     assert got == [1, 2, 3, 4]
     assert publish(models, saved, {}) == 5
     assert not [p for p in models.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_publish_killed_midway_leaves_nothing_after_the_next_one(tmp_path: Path) -> None:
+    """SIGKILL a publisher while it assembles its version; the next publish removes what it left, under the lock."""
+    saved = export_tiny_model(tmp_path / layout.SAVED_MODEL.name)
+    models = tmp_path / layout.MODELS / "tiny"
+    code = ("import os, signal, sys; from pathlib import Path; from trainyard_serving import deploy\n"
+            "real = deploy.fsync_tree\n"
+            "def die(path): real(path); os.kill(os.getpid(), signal.SIGKILL)\n"
+            "deploy.fsync_tree = die\n"
+            "deploy.publish(Path(sys.argv[1]), Path(sys.argv[2]), {})")
+    killed = subprocess.run([sys.executable, "-c", code, str(models), str(saved)], timeout=120,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert killed.returncode == -9
+    leftovers = [p.name for p in models.iterdir() if p.name.startswith(".tmp-")]
+    assert len(leftovers) == 1 and layout.published_versions(models) == []  # half a version, never visible
+    (models / ".removed-7-deadbeef").mkdir()  # an unpublish that died while deleting
+    assert publish(models, saved, {}) == 1
+    assert sorted(p.name for p in models.iterdir()) == [".publish.lock", "1"]
+
+
+def test_a_version_is_on_disk_before_it_is_visible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every staged file and folder is fsynced before the rename that publishes it, the model folder after."""
+    import trainyard_contract.atomic as atomic
+    import trainyard_serving.deploy as deploy_module
+
+    saved = export_tiny_model(tmp_path / layout.SAVED_MODEL.name)
+    models = tmp_path / layout.MODELS / "tiny"
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src: object, dst: object) -> None:
+        events.append(("rename", f"{src} -> {dst}"))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    monkeypatch.setattr(deploy_module.os, "rename", rename)
+    assert publish(models, saved, {"run_id": "r"}) == 1
+
+    (at,) = [i for i, (kind, what) in enumerate(events) if kind == "rename" and what.endswith(f"{models}/1")]
+    staged = events[at][1].split(" -> ")[0]
+    synced_before = {what for kind, what in events[:at] if kind == "fsync"}
+    files = {str(p).replace(str(models / "1"), staged) for p in (models / "1").rglob("*")} | {staged}
+    assert files <= synced_before, files - synced_before  # each file and folder of the version, and the version
+    assert ("fsync", str(models)) in events[at:]  # the rename itself
+
+
+def test_deploy_refuses_a_server_that_serves_another_volume(tmp_path: Path) -> None:
+    """Two checkouts on one machine: the endpoint belongs to the other one. Nothing is published, and it says so."""
+    theirs = tmp_path / "theirs"
+    export_tiny_model(theirs / layout.MODELS / "tiny" / "1")
+    other = Server(theirs / layout.MODELS).start(tmp_path / "other.log")
+    try:
+        ours = tmp_path / "ours"
+        run_dir = fake_run(ours, "r1", {**SMOKE, "probabilities": expected_probabilities()})
+        started = time.monotonic()
+        with pytest.raises(DeployFailed, match=r"serves version\(s\) \[1\] of tiny, which .*ours/models/tiny does "
+                                               r"not hold \(it has \[\]\): it is serving another volume"):
+            deploy(CONFIG, ours, run_dir, "r1", other.grpc)
+        assert time.monotonic() - started < 30
+        assert layout.published_versions(ours / layout.MODELS / "tiny") == []
+        assert json.loads((run_dir / layout.DEPLOY_RESULT).read_text())["published"] is False
+    finally:
+        other.stop()
 
 
 def expected_probabilities() -> list[list[float]]:

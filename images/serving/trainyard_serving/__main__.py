@@ -16,7 +16,15 @@ import sys
 import threading
 from pathlib import Path
 
-from trainyard_contract.runtime import EXIT_BAD_INPUT, EXIT_FAILED, StageError, add_run_arguments, parse_args
+from trainyard_contract.runtime import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    StageError,
+    add_run_arguments,
+    parse_args,
+)
+from trainyard_serving.limits import Limits
 
 log = logging.getLogger("trainyard")
 
@@ -30,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, default=8500)
     serve.add_argument("--rest-port", type=int, default=8501)
     serve.add_argument("--poll-seconds", type=float, default=1.0)
-    serve.add_argument("--max-body-bytes", type=int, default=16 << 20)
+    Limits.add_arguments(serve)
     deploy = commands.add_parser("deploy", help="publish the run's model as the next version, verify, roll back")
     add_run_arguments(deploy)
     deploy.add_argument("--endpoint", required=True, help="TF Serving gRPC address host:port")
@@ -41,11 +49,21 @@ def serve(args: argparse.Namespace) -> int:
     from trainyard_serving import grpc_service, rest
     from trainyard_serving.registry import ModelRegistry
 
+    try:
+        limits = Limits.from_arguments(args)
+    except ValueError as exc:
+        log.error("serve: %s", exc)
+        return EXIT_USAGE
     registry = ModelRegistry(args.models_dir, args.poll_seconds)
+    try:  # both ports first: a taken one is an error before anything is served
+        grpc_server = grpc_service.make_server(registry, args.host, args.grpc_port, limits)
+        http_server = rest.make_server(registry, args.host, args.rest_port, limits)
+    except OSError as exc:
+        log.error("serve: %s", exc if isinstance(exc, grpc_service.PortTaken)
+                  else f"cannot listen for REST on {args.host}:{args.rest_port}: {exc.strerror or exc}")
+        return EXIT_FAILED
     registry.start()
-    grpc_server = grpc_service.make_server(registry, args.host, args.grpc_port)
     grpc_server.start()
-    http_server = rest.make_server(registry, args.host, args.rest_port, args.max_body_bytes)
     stopping = threading.Event()
 
     def stop(*_: object) -> None:

@@ -8,6 +8,9 @@ needs the shared volume and the gRPC endpoint.
 2. wait until `ModelService.GetModelStatus` reports the version AVAILABLE (a load error fails at once).
 3. smoke test: `PredictionService.Predict` on examples of the eval split, compared with the evaluator's outputs.
 4. on failure: remove the version (TF Serving falls back to the previous one) and say why.
+
+Before publishing, and while waiting, the deploy checks that the server it talks to serves this volume: one that
+serves versions the volume does not hold is another volume's server, and nothing is published to it.
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ from tensorflow_serving.apis import (
 )
 
 from trainyard_contract import layout
-from trainyard_contract.atomic import write_json
+from trainyard_contract.atomic import fsync_dir, fsync_tree, write_json
 from trainyard_contract.layout import published_versions
 from trainyard_contract.runtime import StageError, log
 from trainyard_contract.schema import PipelineConfig
 
 AVAILABLE_TIMEOUT_SECONDS = 120.0
+SAME_VOLUME_CHECK_SECONDS = 5.0  # TF Serving sees a new version within a poll (1 s here); then compare volumes
+NEVER_SEEN_SECONDS = 30.0  # a shared volume's listing can lag (NFS attribute caching): give it this long
 
 
 class DeployFailed(Exception):
@@ -74,18 +79,38 @@ def link_tree(source: Path, target: Path) -> str:
     return how
 
 
+STAGING_PREFIXES = (".tmp-", ".removed-")
+
+
+def remove_stale_staging(model_dir: Path) -> list[str]:
+    """Delete what dead publishers left (`.tmp-*` being assembled, `.removed-*` being deleted). Called with the
+    model lock held: a live publisher only has such a folder while it holds the lock, so these are all dead."""
+    stale = sorted(p.name for p in model_dir.iterdir() if p.is_dir() and p.name.startswith(STAGING_PREFIXES))
+    for name in stale:
+        shutil.rmtree(model_dir / name, ignore_errors=True)
+    if stale:
+        log.warning("removed %d folder(s) a killed publish left in %s: %s", len(stale), model_dir, ", ".join(stale))
+    return stale
+
+
 def publish(model_dir: Path, saved_model: Path, metadata: dict[str, Any]) -> int:
-    """Publish `saved_model` as the next version; returns its number."""
+    """Publish `saved_model` as the next version; returns its number.
+
+    Durable across a crash or power loss: every file and folder of the staged version is fsynced before the
+    rename, and the model folder after it, so a version that is visible is also complete on disk."""
     if not (saved_model / layout.SAVED_MODEL_PB).is_file():
         raise StageError(f"{saved_model} holds no {layout.SAVED_MODEL_PB}: did the train task export the model?")
     with model_lock(model_dir):
+        remove_stale_staging(model_dir)
         version = (published_versions(model_dir) or [0])[-1] + 1
         staging = model_dir / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
         try:
             how = link_tree(saved_model, staging)
             write_json(staging / layout.VERSION_METADATA, {**metadata, "version": version, "published_by": how,
-                                            "published_at": dt.datetime.now(dt.UTC).isoformat()})
+                                                           "published_at": dt.datetime.now(dt.UTC).isoformat()})
+            fsync_tree(staging)
             os.rename(staging, model_dir / str(version))
+            fsync_dir(model_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -102,7 +127,43 @@ def unpublish(model_dir: Path, version: int) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
-def wait_available(channel: grpc.Channel, name: str, version: int, timeout: float) -> float:
+def served_versions(stub: Any, name: str) -> dict[int, str] | None:
+    """Version -> state of every version of `name` the server knows; {} when it knows none; None on no answer."""
+    request = get_model_status_pb2.GetModelStatusRequest()
+    request.model_spec.name = name
+    try:
+        response = stub.GetModelStatus(request, timeout=5)
+    except grpc.RpcError as exc:
+        return {} if exc.code() == grpc.StatusCode.NOT_FOUND else None
+    return {s.version: get_model_status_pb2.ModelVersionStatus.State.Name(s.state)
+            for s in response.model_version_status}
+
+
+def check_same_volume(stub: Any, name: str, version: int | None, model_dir: Path, endpoint: str,
+                      waited: float) -> None:
+    """Fail with a clear message when the server at `endpoint` is evidently not serving `model_dir`: it serves
+    versions this volume does not hold (checked before publishing, too: `version` None), or it still has not seen
+    the new `version` after `NEVER_SEEN_SECONDS`."""
+    known = served_versions(stub, name)
+    if known is None:
+        return
+    on_disk = published_versions(model_dir)
+    foreign = sorted(v for v, state in known.items() if v not in on_disk and state != "END")
+    hint = ("point deploy at the server of this volume (deploy.grpc_port; TRAINYARD_SERVING_GRPC on the local "
+            "backend)")
+    if foreign:
+        raise DeployFailed(f"the server at {endpoint} serves version(s) {foreign} of {name}, which {model_dir} does "
+                           f"not hold (it has {on_disk}): it is serving another volume; {hint}")
+    if version is not None and version not in known and waited >= NEVER_SEEN_SECONDS:
+        raise DeployFailed(f"the server at {endpoint} has not seen version {version} of {name} after "
+                           f"{waited:.0f} s although {model_dir / str(version)} exists (it knows "
+                           f"{sorted(known) or 'no version'}): is it serving this volume? {hint}")
+
+
+def wait_available(channel: grpc.Channel, name: str, version: int, timeout: float, model_dir: Path,
+                   endpoint: str) -> float:
+    """Seconds until `version` is AVAILABLE; DeployFailed when it fails to load, when the server is not the one
+    serving `model_dir`, or after `timeout`."""
     stub = model_service_pb2_grpc.ModelServiceStub(channel)
     request = get_model_status_pb2.GetModelStatusRequest()
     request.model_spec.name = name
@@ -121,6 +182,12 @@ def wait_available(channel: grpc.Channel, name: str, version: int, timeout: floa
             last = state
         except grpc.RpcError as exc:
             last = f"{exc.code().name}: {exc.details()}"
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() - started > NEVER_SEEN_SECONDS:
+                raise DeployFailed(f"no serving answers at {endpoint} ({last}): is the server running? start it "
+                                   "with `trainyard serve --background` (local) or check the Deployment") from None
+        waited = time.monotonic() - started
+        if waited >= SAME_VOLUME_CHECK_SECONDS:
+            check_same_volume(stub, name, version, model_dir, endpoint, waited)
         time.sleep(0.5)
     raise DeployFailed(f"version {version} was not AVAILABLE after {timeout:.0f} s (last status: {last})")
 
@@ -198,10 +265,16 @@ def deploy(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str, end
     if not smoke_path.is_file():
         raise StageError(f"{smoke_path} is missing: evaluate must run before deploy")
     smoke = json.loads(smoke_path.read_text())
-    version = publish(model_dir, run_dir / layout.SAVED_MODEL, lineage(config, run_dir, run_id))
     channel = grpc.insecure_channel(endpoint)
     try:
-        waited = wait_available(channel, name, version, AVAILABLE_TIMEOUT_SECONDS)
+        check_same_volume(model_service_pb2_grpc.ModelServiceStub(channel), name, None, model_dir, endpoint, 0.0)
+    except DeployFailed as exc:
+        channel.close()
+        write_json(run_dir / layout.DEPLOY_RESULT, {"deployed": False, "published": False, "reason": str(exc)})
+        raise
+    version = publish(model_dir, run_dir / layout.SAVED_MODEL, lineage(config, run_dir, run_id))
+    try:
+        waited = wait_available(channel, name, version, AVAILABLE_TIMEOUT_SECONDS, model_dir, endpoint)
         log.info("%s version %d is AVAILABLE after %.1f s", name, version, waited)
         checked = smoke_test(channel, name, version, smoke)
         log.info("smoke test passed on %d examples", checked)

@@ -3,7 +3,8 @@
 `models/<name>/<version>/` folders are polled every `poll_seconds`. A new latest version is loaded while the old
 one keeps serving, then swapped in with one reference assignment, so requests never fail during a switch. When the
 latest version disappears (a rollback), the highest remaining one is served again. A version that fails to load is
-reported END with its error and never served.
+reported END with its error and never served; the next older one is tried in the same poll, so a server started
+over several broken newest versions serves the last good one from its first answer.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ SIGNATURE = "serving_default"
 
 class NotFound(LookupError):
     """Unknown model or version (HTTP 404, gRPC NOT_FOUND)."""
+
+
+def unknown_label(label: str) -> str:
+    """TF Serving's answer for a version label its config does not define (HTTP 400, gRPC INVALID_ARGUMENT); the
+    local server has no label config, so every label is unknown to it."""
+    return f"Unrecognized servable version label: {label}"
 
 
 @dataclass
@@ -125,19 +132,21 @@ class ModelRegistry:
         for version in list(state.statuses):
             if version not in versions and version != current:
                 state.statuses.pop(version)
-        if not candidates:
+        loaded = None
+        for target in sorted(candidates, reverse=True):  # the newest that loads, all in this one poll
+            if target == current:
+                return
+            state.statuses[target] = VersionStatus("LOADING")
+            try:
+                loaded = LoadedVersion.load(name, target, versions[target])
+                break
+            except Exception as exc:  # any load failure: report it, try the next older one, keep serving
+                state.failed[target] = versions[target].stat().st_mtime
+                state.statuses[target] = VersionStatus("END", f"failed to load version {target}: {exc}")
+                log.error("%s: version %d failed to load: %s", name, target, exc)
+        if loaded is None:
             return
-        target = max(candidates)
-        if target == current:
-            return
-        state.statuses[target] = VersionStatus("LOADING")
-        try:
-            loaded = LoadedVersion.load(name, target, versions[target])
-        except Exception as exc:  # any load failure: report it, keep serving what we have
-            state.failed[target] = versions[target].stat().st_mtime
-            state.statuses[target] = VersionStatus("END", f"failed to load version {target}: {exc}")
-            log.error("%s: version %d failed to load: %s", name, target, exc)
-            return
+        target = loaded.version
         previous = state.serving
         state.serving = loaded  # the switch: one reference assignment
         state.statuses[target] = VersionStatus("AVAILABLE")

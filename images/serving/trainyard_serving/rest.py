@@ -1,9 +1,14 @@
-"""TF Serving's REST API subset on a threading HTTP server.
+"""TF Serving's REST API subset on a threading HTTP server that bad clients cannot tie up.
 
-GET  /v1/models/<m>[/versions/<v>]            model version status
-GET  /v1/models/<m>[/versions/<v>]/metadata   signature_def
-POST /v1/models/<m>[/versions/<v>]:predict    {"instances": [...]} (row) or {"inputs": {...}} (columnar)
-Errors are `{"error": "..."}` with 400 (bad request), 404 (unknown model/version/path), 405, 411, 413 (body too big).
+GET  /v1/models/<m>[/versions/<v>|/labels/<l>]            model version status
+GET  /v1/models/<m>[/versions/<v>|/labels/<l>]/metadata   signature_def
+POST /v1/models/<m>[/versions/<v>|/labels/<l>]:predict    {"instances": [...]} (row) or {"inputs": {...}} (columnar)
+Errors are `{"error": "..."}` with 400 (bad request), 404 (unknown model/version/path), 405, 408 (request too slow),
+411, 413 (body too big), 503 (too many connections). The limits live in limits.py.
+
+A thread serves each connection, as http.server does, but a watchdog closes any connection whose headers (or next
+request, when kept alive) or body do not arrive in time, and past `max_connections` a new connection is answered
+503 without a thread. Clients that hang up early are logged at debug level, without a traceback.
 """
 
 from __future__ import annotations
@@ -11,28 +16,56 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
+import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import numpy as np
 from google.protobuf import json_format
 
 from trainyard_serving import predict
-from trainyard_serving.registry import ModelRegistry, NotFound
+from trainyard_serving.limits import Limits
+from trainyard_serving.registry import ModelRegistry, NotFound, unknown_label
 
 log = logging.getLogger("trainyard.serving")
 PATH = re.compile(
-    r"^/v1/models/(?P<model>[A-Za-z0-9._-]+)(?:/versions/(?P<version>\d+))?(?P<rest>/metadata|:predict)?$"
+    r"^/v1/models/(?P<model>[A-Za-z0-9._-]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[A-Za-z0-9._-]+))?"
+    r"(?P<rest>/metadata|:predict)?$"
 )
-
-
+JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+BRACKET_STEP = bytes(1 if b in b"[{" else 255 if b in b"]}" else 0 for b in range(256))  # +1 / -1 as int8
 DRAIN_CAP = 64 << 20  # beyond this an oversized request is cut off, not read
+CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
 
 
 class ApiError(Exception):
     def __init__(self, status: HTTPStatus, message: str):
         super().__init__(message)
         self.status = status
+
+
+def bracket_depth(raw: bytes) -> int:
+    """The deepest `[`/`{` nesting of a byte string, at C speed: everything but brackets is dropped first."""
+    kept = raw.translate(None, NOT_BRACKETS)
+    if not kept:
+        return 0
+    return int(np.cumsum(np.frombuffer(kept.translate(BRACKET_STEP), dtype=np.int8), dtype=np.int32).max())
+
+
+def json_depth(raw: bytes, limit: int) -> int:
+    """How deeply a JSON text nests, checked before it is parsed so a hostile depth never reaches the parser.
+
+    Brackets inside strings are counted too, which costs nothing; only a body that seems too deep is measured
+    again with its strings blanked out, so a legitimate `"[[["` in a value is not refused. (A `]` in a string can
+    hide depth; the parser's own recursion limit then answers 400 as well.)"""
+    depth = bracket_depth(raw)
+    if depth > limit and b'"' in raw:
+        depth = bracket_depth(JSON_STRING.sub(b'""', raw))
+    return depth
 
 
 def rows_to_columns(instances: Any, names: list[str]) -> dict[str, Any]:
@@ -48,7 +81,8 @@ def rows_to_columns(instances: Any, names: list[str]) -> dict[str, Any]:
     raise predict.BadRequest(f"the signature takes {len(names)} named inputs: send each instance as an object")
 
 
-def predict_body(registry: ModelRegistry, model: str, version: int | None, body: Any) -> dict[str, Any]:
+def predict_body(registry: ModelRegistry, model: str, version: int | None, body: Any, limits: Limits,
+                 json_booleans: bool) -> dict[str, Any]:
     if not isinstance(body, dict) or ("instances" in body) == ("inputs" in body):
         raise predict.BadRequest("the request body must be a JSON object with exactly one of 'instances' or 'inputs'")
     if body.get("signature_name", "serving_default") != "serving_default":
@@ -56,7 +90,7 @@ def predict_body(registry: ModelRegistry, model: str, version: int | None, body:
     loaded = registry.get(model, version)
     names = sorted(loaded.inputs)
     if "instances" in body:
-        outputs = predict.run(loaded, rows_to_columns(body["instances"], names))
+        outputs = predict.run(loaded, rows_to_columns(body["instances"], names), limits, json_booleans)
         keys = sorted(outputs)
         rows = len(next(iter(outputs.values())))
         values = {key: predict.to_json_value(outputs[key]) for key in keys}
@@ -65,7 +99,7 @@ def predict_body(registry: ModelRegistry, model: str, version: int | None, body:
     columns = inputs if isinstance(inputs, dict) else ({names[0]: inputs} if len(names) == 1 else None)
     if columns is None:
         raise predict.BadRequest(f"'inputs' must be an object of the {len(names)} named inputs")
-    outputs = predict.run(loaded, columns)
+    outputs = predict.run(loaded, columns, limits, json_booleans)
     return {"outputs": {key: predict.to_json_value(value) for key, value in outputs.items()}}
 
 
@@ -85,7 +119,42 @@ def metadata_body(registry: ModelRegistry, model: str, version: int | None) -> d
             "metadata": {"signature_def": {"signature_def": signatures}}}
 
 
-def make_handler(registry: ModelRegistry, max_body_bytes: int) -> type[BaseHTTPRequestHandler]:
+class Watchdog(threading.Thread):
+    """Closes connections past their deadline: a blocked read then returns, and the connection's thread ends."""
+
+    def __init__(self, interval: float = 0.25):
+        super().__init__(name="rest-watchdog", daemon=True)
+        self.interval = interval
+        self._deadlines: dict[socket.socket, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def arm(self, connection: socket.socket, seconds: float) -> None:
+        with self._lock:
+            self._deadlines[connection] = time.monotonic() + seconds
+
+    def disarm(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._deadlines.pop(connection, None)
+
+    def run(self) -> None:
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            with self._lock:
+                late = [c for c, deadline in self._deadlines.items() if deadline < now]
+                for connection in late:
+                    del self._deadlines[connection]
+            for connection in late:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def make_handler(registry: ModelRegistry, limits: Limits, watchdog: Watchdog) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "trainyard-serving"
@@ -93,18 +162,40 @@ def make_handler(registry: ModelRegistry, max_body_bytes: int) -> type[BaseHTTPR
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
             log.debug("%s %s", self.address_string(), format % args)
 
+        def handle_one_request(self) -> None:
+            """The request line and headers (or, kept alive, the next request) within `header_timeout`."""
+            watchdog.arm(self.connection, limits.header_timeout)
+            try:
+                super().handle_one_request()
+            except CLIENT_GONE:
+                self.close_connection = True
+            except OSError as exc:  # closed by the watchdog mid-read
+                log.debug("connection from %s closed: %s", self.address_string(), exc)
+                self.close_connection = True
+            finally:
+                watchdog.disarm(self.connection)
+
         def _send(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
+            watchdog.disarm(self.connection)
             data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                if self.close_connection:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(data)
+            except CLIENT_GONE as exc:
+                log.debug("client %s left before its answer: %s", self.address_string(), type(exc).__name__)
+                self.close_connection = True
 
         def _route(self) -> tuple[str, int | None, str]:
             match = PATH.match(self.path.split("?", 1)[0])
             if not match:
                 raise ApiError(HTTPStatus.NOT_FOUND, f"Malformed request: {self.command} {self.path}")
+            if match["label"]:
+                raise predict.BadRequest(unknown_label(match["label"]))
             version = int(match["version"]) if match["version"] else None
             return match["model"], version, match["rest"] or ""
 
@@ -117,6 +208,10 @@ def make_handler(registry: ModelRegistry, max_body_bytes: int) -> type[BaseHTTPR
                 self._send(HTTPStatus.NOT_FOUND, {"error": str(exc)})
             except predict.BadRequest as exc:
                 self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+            except RecursionError:
+                self._send(HTTPStatus.BAD_REQUEST, {"error": "JSON nested too deeply"})
+            except CLIENT_GONE:
+                self.close_connection = True
             except Exception as exc:  # never let a request kill the server
                 log.exception("request failed")
                 self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {exc}"})
@@ -129,6 +224,30 @@ def make_handler(registry: ModelRegistry, max_body_bytes: int) -> type[BaseHTTPR
                 if not chunk:
                     break
                 left -= len(chunk)
+
+        def _read_body(self, size: int) -> bytes:
+            """Exactly `size` bytes within `body_timeout`; a short or slow body is refused, never processed."""
+            watchdog.arm(self.connection, limits.body_timeout)
+            chunks, left, started = [], size, time.monotonic()
+            try:
+                while left > 0:
+                    chunk = self.rfile.read1(min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    left -= len(chunk)
+            except OSError:
+                left = left or 1
+            finally:
+                watchdog.disarm(self.connection)
+            if left:
+                self.close_connection = True
+                if time.monotonic() - started >= limits.body_timeout:
+                    raise ApiError(HTTPStatus.REQUEST_TIMEOUT,
+                                   f"the body did not arrive within {limits.body_timeout:g} s")
+                raise predict.BadRequest(f"the body ended after {size - left} of the {size} bytes its "
+                                         "Content-Length announced")
+            return b"".join(chunks)
 
         def do_GET(self) -> None:  # noqa: N802
             def answer() -> dict[str, Any]:
@@ -145,31 +264,85 @@ def make_handler(registry: ModelRegistry, max_body_bytes: int) -> type[BaseHTTPR
             def answer() -> dict[str, Any]:
                 length = self.headers.get("Content-Length")
                 if length is None:
+                    self.close_connection = True
                     raise ApiError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
                 size = int(length) if length.isdigit() else -1
                 if size < 0:
+                    self.close_connection = True
                     raise ApiError(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
-                if size > max_body_bytes:
+                if size > limits.max_body_bytes:
                     self._discard(size)
                     self.close_connection = True
                     raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                   f"request body of {size} bytes is larger than the limit of {max_body_bytes}")
-                raw = self.rfile.read(size)
+                                   f"request body of {size} bytes is larger than the limit of {limits.max_body_bytes}")
+                raw = self._read_body(size)
                 model, version, rest = self._route()
                 if rest != ":predict":
                     raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, f"POST is only for :predict (got {self.path})")
+                depth = json_depth(raw, limits.max_json_depth)
+                if depth > limits.max_json_depth:
+                    raise predict.BadRequest(f"JSON nested {depth} levels deep, more than the limit of "
+                                             f"{limits.max_json_depth}")
                 try:
                     body = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
                     raise predict.BadRequest(f"JSON Parse error: {exc}") from None
-                return predict_body(registry, model, version, body)
+                return predict_body(registry, model, version, body, limits, b"true" in raw or b"false" in raw)
 
             self._handle(answer)
 
     return Handler
 
 
-def make_server(registry: ModelRegistry, host: str, port: int, max_body_bytes: int) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer((host, port), make_handler(registry, max_body_bytes))
-    server.daemon_threads = True
-    return server
+class Server(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a connection cap, a real listen backlog and one-line logs for dropped clients."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], registry: ModelRegistry, limits: Limits):
+        self.limits = limits
+        self.request_queue_size = limits.listen_backlog
+        self.watchdog = Watchdog()
+        self._open = threading.BoundedSemaphore(limits.max_connections)
+        super().__init__(address, make_handler(registry, limits, self.watchdog))
+        self.watchdog.start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._open.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._open.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._open.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        body = json.dumps({"error": f"too many connections (limit {self.limits.max_connections}); "
+                                   "try again shortly"}).encode()
+        try:
+            request.settimeout(1.0)
+            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                            b"Connection: close\r\nRetry-After: 1\r\n"
+                            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        except OSError:
+            pass
+        finally:
+            self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.warning("connection from %s ended with an error", client_address, exc_info=log.isEnabledFor(logging.DEBUG))
+
+    def server_close(self) -> None:
+        self.watchdog.stop()
+        super().server_close()
+
+
+def make_server(registry: ModelRegistry, host: str, port: int, limits: Limits) -> Server:
+    return Server((host, port), registry, limits)
