@@ -21,7 +21,10 @@ from trainyard.settings import pipelines_dir
 from trainyard_contract.schema import AssetSchedule, PipelineConfig
 
 TEARDOWN_DOC = "Deletes any replica pod or Service of this run's training job left behind (runs whatever train did)."
-SKIP_DOC = "The model did not earn a deploy (see decide)."
+
+
+def skip_doc(stage: Stage, gated: Stage) -> str:
+    return f"The run did not earn `{gated.task_id}` (see `{stage.task_id}`)."
 
 
 def describe_schedule(config: PipelineConfig) -> str:
@@ -43,7 +46,7 @@ def stage_rows(stages: tuple[Stage, ...]) -> str:
         if stage.kind == "job":
             rows.append(f"| `{teardown_task_id(stage)}` | - | {TEARDOWN_DOC} | - | - |")
         if stage.kind == "branch" and i + 1 < len(stages):
-            rows.append(f"| `{skip_task_id(stages[i + 1])}` | - | {SKIP_DOC} | - | - |")
+            rows.append(f"| `{skip_task_id(stages[i + 1])}` | - | {skip_doc(stage, stages[i + 1])} | - | - |")
     return "\n".join(rows)
 
 
@@ -95,8 +98,8 @@ def stage_task(config: PipelineConfig, stage: Stage, next_stage: Stage | None) -
     if stage.kind == "job":
         return TrainJobOperator(**common)
     if stage.kind == "branch":
-        if next_stage is None:
-            raise ValueError(f"branch stage {stage.name!r} must be followed by the stage it gates")
+        if next_stage is None or stage.branch_on is None:
+            raise ValueError(f"branch stage {stage.name!r} needs `branch_on` and a next stage to gate")
         return DecideOperator(follow=next_stage.task_id, skip=skip_task_id(next_stage), **common)
     return StageOperator(**common)
 
@@ -128,7 +131,7 @@ def build_dag(config: PipelineConfig, source: str = "", stages: tuple[Stage, ...
                 task >> TrainTeardownOperator(task_id=teardown_task_id(stage), config=config, stage=stage,
                                               doc_md=TEARDOWN_DOC)
             if stage.kind == "branch" and next_stage is not None:
-                task >> EmptyOperator(task_id=skip_task_id(next_stage), doc_md=SKIP_DOC)
+                task >> EmptyOperator(task_id=skip_task_id(next_stage), doc_md=skip_doc(stage, next_stage))
             if previous is not None:
                 previous >> task
             previous = task

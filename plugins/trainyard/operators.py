@@ -52,18 +52,17 @@ class StageOperator(BaseOperator):
 
     ui_color = "#d6eaf8"
 
-    def __init__(self, *, config: PipelineConfig, stage: Stage, images: dict[str, str] | None = None,
-                 **kwargs: Any):
+    def __init__(self, *, config: PipelineConfig, stage: Stage, **kwargs: Any):
         super().__init__(**kwargs)
         self.config = config
         self.stage = stage
-        self.images = images if images is not None else registry_images((stage,))
         self._launcher: Launcher | None = None
 
     def launcher(self, config: PipelineConfig) -> Launcher:
+        """The backend's launcher; the local one runs this stage's image as its module (from the declaration)."""
         from trainyard.backends import launcher_for
 
-        self._launcher = launcher_for(backend_name(config.backend), config, self.images)
+        self._launcher = launcher_for(backend_name(config.backend), config, registry_images((self.stage,)))
         return self._launcher
 
     def execute(self, context: Any) -> dict[str, Any] | None:
@@ -113,7 +112,7 @@ class DecideOperator(StageOperator, BranchMixIn):
 
     def execute(self, context: Any) -> Any:
         decision = super().execute(context) or {}
-        go_on = bool(decision.get(self.stage.branch_on or "deploy"))
+        go_on = bool(decision.get(self.stage.branch_on))
         self.log.info("decision: %s%s", "DEPLOY" if go_on else "SKIP", " (forced)" if decision.get("forced") else "")
         for reason in decision.get("reasons", []):
             self.log.info("  - %s", reason)

@@ -2,7 +2,7 @@
 
 The DAG factory builds one task per declaration (in order, with the operator its `kind` names), `stages.py` builds
 each stage's container from it, `trainyard render` renders its pods, the local backend maps images to modules
-through `IMAGES`, and the DAG docs list what each stage reads and writes. Adding a stage is one declaration here
+through `images()`, and the DAG docs list what each stage reads and writes. Adding a stage is one declaration here
 plus one sub-command in an image's entrypoint (README, "Add a stage"). Pure data: no Airflow, no I/O.
 """
 
