@@ -34,11 +34,31 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(folder))
 
 
+def current_umask() -> int:
+    """This process's umask, read without changing it (os.umask sets while it reads, racing other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a plain `open()` would give a new file under this process's umask (0644 under 022, 0664 under
+    002): what other users and the serving pods of a shared volume expect. `mkstemp` alone would give 0600."""
+    return 0o666 & ~current_umask()
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to a temporary sibling, fsync, then rename over `path` (and fsync the folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

@@ -54,11 +54,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     for line in errors:
         print(line, file=sys.stderr)
     for config in configs:
-        print(f"ok  {config.name}")
+        print(f"ok  {config.name}{model_name_note(config)}")
     if errors:
         print(f"{len(errors)} error(s) in {len(paths) - len(configs)} of {len(paths)} file(s)", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def model_name_note(config: PipelineConfig) -> str:
+    """Say so when the served model's name is not the pipeline's own (the rule: a DNS label, `_` -> `-`)."""
+    if config.deploy.model_name is None and config.model_name != config.name:
+        return (f" (serves as model {config.model_name!r}: model names are DNS labels, so `_` becomes `-`; "
+                "set deploy.model_name to choose it)")
+    return ""
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -130,28 +138,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"trainyard serve: already running (pid {serving_pid_file().read_text().strip()})")
         return EXIT_OK
     log_path = settings.data_dir() / "serving.log"
+    ready = settings.data_dir() / "serving.ready"
+    ready.unlink(missing_ok=True)
     with log_path.open("a") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
+        process = subprocess.Popen([*argv, "--ready-file", str(ready)], stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
     serving_pid_file().write_text(str(process.pid))
     import time
-    import urllib.request
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            print(f"trainyard serve: the server exited with code {process.returncode}; see {log_path}",
-                  file=sys.stderr)
+        if process.poll() is not None:  # e.g. a port another server holds: its own message is in the log
+            serving_pid_file().unlink(missing_ok=True)
+            reason = last_error_line(log_path)
+            print(f"trainyard serve: the server exited with code {process.returncode}"
+                  f"{': ' + reason if reason else ''} (log {log_path})", file=sys.stderr)
             return EXIT_FAILED
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{args.rest_port}/v1/models/_probe", timeout=1)
-        except urllib.error.HTTPError:
-            break  # a 404 from our server: it is up
-        except OSError:
-            time.sleep(0.5)
+        if ready.is_file() and ready.read_text().strip() == str(process.pid):
+            break  # our own process bound both ports and loaded the models
+        time.sleep(0.25)
+    else:
+        print(f"trainyard serve: the server (pid {process.pid}) did not get ready in 120 s; see {log_path}",
+              file=sys.stderr)
+        return EXIT_FAILED
     print(f"trainyard serve: serving {models} (pid {process.pid}): REST http://127.0.0.1:{args.rest_port}, "
           f"gRPC 127.0.0.1:{args.grpc_port}; log {log_path}")
     return EXIT_OK
+
+
+def last_error_line(log_path: Path) -> str:
+    """The server's own last ERROR line (`cannot listen for gRPC on 127.0.0.1:8500: ...`), if it wrote one."""
+    lines = [line for line in log_path.read_text(errors="replace").splitlines() if " ERROR " in line]
+    return lines[-1].split(" ERROR ", 1)[1].strip() if lines else ""
 
 
 def server_alive() -> bool:
@@ -195,7 +213,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     smoke = json.loads(runs[-1].read_text())
     instance = {name: values[0] for name, values in smoke["inputs"].items()}
-    url = f"http://127.0.0.1:{args.rest_port}/v1/models/{config.model_name}:predict"
+    port = args.rest_port or config.deploy.rest_port  # the port the pipeline deploys to, unless told otherwise
+    url = f"http://127.0.0.1:{port}/v1/models/{config.model_name}:predict"
     request = urllib.request.Request(url, data=json.dumps({"instances": [instance]}).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
@@ -292,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
     predict = commands.add_parser("predict", help="one prediction through the REST API, from a run's eval data")
     predict.add_argument("pipeline")
-    predict.add_argument("--rest-port", type=int, default=8501)
+    predict.add_argument("--rest-port", type=int, help="the local server's REST port (default: deploy.rest_port)")
     predict.set_defaults(func=cmd_predict)
     render = commands.add_parser("render", help="write every Kubernetes manifest one run would create, as YAML")
     render.add_argument("pipeline")

@@ -93,7 +93,8 @@ def test_a_model_that_fails_the_smoke_test_is_rolled_back(volume: tuple[Path, Se
     good = fake_run(root, "good", {**SMOKE, "probabilities": expected_probabilities()})
     deploy(CONFIG, root, good, "good", server.grpc)
     wrong = fake_run(root, "wrong", {**SMOKE, "class_ids": [1, 1], "probabilities": expected_probabilities()})
-    with pytest.raises(DeployFailed, match="served predictions \\[0, 1\\] differ from the evaluator's \\[1, 1\\]"):
+    with pytest.raises(DeployFailed, match="the served version 2 answers differently from the evaluator: example 0: "
+                                           "class id 0, the evaluator's 1"):
         deploy(CONFIG, root, wrong, "wrong", server.grpc)
     assert sorted(p.name for p in (root / layout.MODELS / "tiny").iterdir() if p.name.isdigit()) == ["1"]
     assert json.loads((wrong / layout.DEPLOY_RESULT).read_text())["rolled_back"] is True
@@ -196,3 +197,17 @@ def expected_probabilities() -> list[list[float]]:
     logits = np.array([[2.0, -2.0], [-2.0, 2.0]])
     exp = np.exp(logits)
     return (exp / exp.sum(axis=1, keepdims=True)).tolist()
+
+
+def test_the_smoke_test_says_where_the_predictions_differ() -> None:
+    import numpy as np
+
+    from trainyard_serving.deploy import first_difference
+
+    smoke = {"class_ids": [0, 1], "probabilities": [[0.9, 0.1], [0.2, 0.8]]}
+    assert first_difference([0, 1], np.array([[0.9, 0.1], [0.2, 0.8]]), smoke) is None
+    assert first_difference([0, 1], np.array([[0.9, 0.1], [0.2003, 0.7997]]), smoke) == (
+        "example 1: probability of class 0 is 0.200300, the evaluator's 0.200000 (tolerance 0.0001)")
+    assert first_difference([0, 0], np.array([[0.9, 0.1], [0.6, 0.4]]), smoke) == (
+        "example 1: class id 0, the evaluator's 1")
+    assert first_difference([0], np.array([[0.9, 0.1]]), smoke) == "1 predictions for 2 examples"

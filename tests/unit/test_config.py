@@ -155,6 +155,18 @@ def test_check_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert cli(["check", "--bogus-flag"]) == 2
 
 
+def test_check_says_when_the_served_model_name_differs_from_the_pipeline_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    derived = write(tmp_path, "breast_cancer.yaml", MINIMAL.format(name="breast_cancer"))
+    assert cli(["check", str(derived)]) == 0
+    assert ("ok  breast_cancer (serves as model 'breast-cancer': model names are DNS labels, so `_` becomes `-`; "
+            "set deploy.model_name to choose it)") in capsys.readouterr().out
+    same = write(tmp_path, "plain.yaml", MINIMAL.format(name="plain"))
+    assert cli(["check", str(same)]) == 0
+    assert capsys.readouterr().out.strip() == "ok  plain"
+
+
 def test_schedule_on_new_data_names_an_asset_on_the_volume(tmp_path: Path) -> None:
     path = write(tmp_path, "p.yaml", MINIMAL.format(name="p") + "schedule: {asset: datasets/x}\n")
     config = load_pipeline_file(path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -38,6 +39,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, default=8500)
     serve.add_argument("--rest-port", type=int, default=8501)
     serve.add_argument("--poll-seconds", type=float, default=1.0)
+    serve.add_argument("--ready-file", type=Path, help="written with this process's pid once both ports are bound "
+                                                        "and the models loaded (how `trainyard serve` knows it is "
+                                                        "its own server that answers)")
     Limits.add_arguments(serve)
     deploy = commands.add_parser("deploy", help="publish the run's model as the next version, verify, roll back")
     add_run_arguments(deploy)
@@ -64,6 +68,10 @@ def serve(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     registry.start()
     grpc_server.start()
+    if args.ready_file is not None:
+        from trainyard_contract.atomic import write_bytes
+
+        write_bytes(args.ready_file, f"{os.getpid()}\n".encode())
     stopping = threading.Event()
 
     def stop(*_: object) -> None:

@@ -46,6 +46,7 @@ from trainyard_contract.schema import PipelineConfig
 AVAILABLE_TIMEOUT_SECONDS = 120.0
 SAME_VOLUME_CHECK_SECONDS = 5.0  # TF Serving sees a new version within a poll (1 s here); then compare volumes
 NEVER_SEEN_SECONDS = 30.0  # a shared volume's listing can lag (NFS attribute caching): give it this long
+SMOKE_TOLERANCE = 1e-4  # absolute, per probability
 
 
 class DeployFailed(Exception):
@@ -209,10 +210,27 @@ def smoke_test(channel: grpc.Channel, name: str, version: int, smoke: dict[str, 
         raise DeployFailed(f"smoke test Predict failed: {exc.code().name}: {exc.details()}") from None
     class_ids = tf.make_ndarray(response.outputs["class_ids"]).tolist()
     probabilities = tf.make_ndarray(response.outputs["probabilities"])
-    if class_ids != smoke["class_ids"] or not np.allclose(probabilities, smoke["probabilities"], atol=1e-4):
-        raise DeployFailed(f"smoke test: served predictions {class_ids[:8]} differ from the evaluator's "
-                           f"{smoke['class_ids'][:8]}")
+    difference = first_difference(class_ids, probabilities, smoke)
+    if difference is not None:
+        raise DeployFailed(f"smoke test: the served version {version} answers differently from the evaluator: "
+                           f"{difference}")
     return len(class_ids)
+
+
+def first_difference(class_ids: list[int], probabilities: np.ndarray, smoke: dict[str, Any]) -> str | None:
+    """Where the served predictions first differ from the evaluator's (row, both values, the tolerance)."""
+    expected_ids, expected = smoke["class_ids"], np.asarray(smoke["probabilities"])
+    if len(class_ids) != len(expected_ids):
+        return f"{len(class_ids)} predictions for {len(expected_ids)} examples"
+    for row, (got, want) in enumerate(zip(class_ids, expected_ids, strict=True)):
+        if got != want:
+            return f"example {row}: class id {got}, the evaluator's {want}"
+    far = np.abs(probabilities - expected) > SMOKE_TOLERANCE
+    if far.any():
+        row, column = (int(i) for i in np.argwhere(far)[0])
+        return (f"example {row}: probability of class {column} is {probabilities[row, column]:.6f}, the "
+                f"evaluator's {expected[row, column]:.6f} (tolerance {SMOKE_TOLERANCE})")
+    return None
 
 
 def lineage(config: PipelineConfig, run_dir: Path, run_id: str) -> dict[str, Any]:
