@@ -64,6 +64,8 @@ def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Pa
     logs = sorted(p.name.rsplit("-", 2)[-2] for p in (run_dir / layout.CLUSTER_LOGS).glob("*.log"))
     assert logs == ["ps", "worker"]
     assert "[chief]" in done.stdout + done.stderr and "step 120 loss" in done.stdout + done.stderr
+    for chatter in ("absl::InitializeLog", "cudart_stub.cc", "cuInit", "cpu_feature_guard.cc"):  # TF's start-up
+        assert chatter not in done.stdout + done.stderr, chatter
     # evaluate -> decide -> deploy: the first model of the name is deployed as version 1 and answers over REST
     metrics = json.loads((run_dir / layout.METRICS).read_text())
     assert metrics["champion"] is None and metrics["challenger"]["accuracy"] >= 0.8

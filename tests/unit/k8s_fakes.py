@@ -42,7 +42,8 @@ def with_phase(pod: k8s.V1Pod, phase: str, exit_code: int | None = None, waiting
     container = pod.spec.containers[0].name
     state = k8s.V1ContainerState()
     if exit_code is not None:
-        state.terminated = k8s.V1ContainerStateTerminated(exit_code=exit_code)
+        state.terminated = k8s.V1ContainerStateTerminated(exit_code=exit_code,
+                                                          finished_at=dt.datetime.now(dt.UTC))  # as the API sets it
     elif waiting is not None:
         message = "Back-off pulling image" if waiting == "ImagePullBackOff" else None
         state.waiting = k8s.V1ContainerStateWaiting(reason=waiting, message=message)
@@ -85,11 +86,17 @@ class FakeStream:
     def __init__(self, text: str, drop_after: int | None = None):
         self.text, self.drop_after = text, drop_after
 
-    def stream(self):
+    def stream(self, amt: int | None = None, decode_content: bool = True):  # urllib3's signature
         for i, line in enumerate(self.text.splitlines(keepends=True)):
             if self.drop_after is not None and i == self.drop_after:
                 raise ConnectionResetError("stream dropped")
             yield line.encode()
+
+    def release_conn(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class FakeCluster:

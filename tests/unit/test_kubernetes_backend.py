@@ -50,7 +50,7 @@ def stage_cluster(exit_code: int, payload: dict | None) -> FakeCluster:
         pod = create(namespace, body)
         name = pod.metadata.name
         text = result_log(payload) if payload is not None else "bad input: column pixel_3 missing\n"
-        fake.logs[name] = "".join(f"2026-12-03T00:00:0{i}.000000Z {line}\n" for i, line in enumerate(text.splitlines()))
+        fake.logs[name] = text  # the fake API adds timestamps when asked (KPO asks)
         fake.set(name, "Succeeded" if exit_code == 0 else "Failed", exit_code=exit_code)
         return pod
 
@@ -308,3 +308,30 @@ def test_a_quota_rejection_of_a_stage_pod_is_one_clear_line(config) -> None:
                                           r"\".*\" is forbidden: exceeded quota: trainyard-quota") as info:
         launcher(config, fake).run_pod(pod, LOG, task_context())
     assert len(str(info.value)) < 400
+
+
+def test_kpo_copies_the_stage_s_lines_but_not_tensorflow_s_start_up_chatter(config,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
+
+    from tests.unit.test_native_noise import CHATTER
+
+    forwarded: list[str] = []  # what KPO's own line logger received
+    real = PodManager._log_message
+    monkeypatch.setattr(PodManager, "_log_message",
+                        lambda self, message, *a, **k: (forwarded.append(message), real(self, message, *a, **k)))
+    fake = stage_cluster(0, {"rows": 1})
+    create = fake._create
+
+    def chatty(namespace: str, body: dict, **kwargs: object) -> k8s.V1Pod:
+        pod = create(namespace, body)
+        lines = CHATTER + ["2026-12-03 INFO validate: 1797 rows", result_log({"rows": 1}).splitlines()[1]]
+        fake.logs[pod.metadata.name] = "".join(f"{line}\n" for line in lines)  # the API adds the timestamps
+        fake.set(pod.metadata.name, "Succeeded", exit_code=0)
+        return pod
+
+    fake.core.create_namespaced_pod.side_effect = chatty
+    pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named("validate")))
+    assert launcher(config, fake).run_pod(pod, LOG, task_context()) == {"rows": 1}
+    assert "2026-12-03 INFO validate: 1797 rows" in forwarded
+    assert not set(forwarded) & set(CHATTER)

@@ -36,6 +36,7 @@ from trainyard.backends.kubernetes_api import (
     recent_events,
     with_retries,
 )
+from trainyard.native_noise import is_native_noise
 from trainyard_contract.replica_policy import Action, on_replica_exit
 from trainyard_contract.runtime import result_from_log
 
@@ -229,6 +230,8 @@ class KubernetesJob:
             return
 
         def line(text: str) -> None:
+            if is_native_noise(text):
+                return
             self._chief_lines.append(text)
             self.log.info("[chief] %s", text)
 
@@ -261,6 +264,7 @@ class KubernetesJob:
             self.log.warning("could not read the log of %s: %s", name, detail)
             return []
         self._tails_read.add(name)
+        lines = [line for line in lines if not is_native_noise(line)]
         if lines:
             self.log.info("--- %s (last %d lines) ---\n%s", name, len(lines), "\n".join(lines))
         else:

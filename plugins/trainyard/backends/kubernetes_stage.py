@@ -9,12 +9,15 @@ and the sidecar's container would need its own hardening to pass the restricted 
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 from kubernetes.client import models as k8s
 
+from trainyard.native_noise import is_native_noise
 from trainyard_contract.runtime import result_from_log
 from trainyard_contract.schema import PipelineConfig
 
@@ -38,10 +41,24 @@ class StageResult(KubernetesPodOperatorCallback):
 
 
 class StagePodOperator(KubernetesPodOperator):
-    """KPO carrying the stage's result and exit code (set by `StageResult`)."""
+    """KPO carrying the stage's result and exit code (set by `StageResult`), with a quiet pod manager."""
 
     stage_result: dict[str, Any] | None = None
     stage_exit_code: int | None = None
+
+    @cached_property
+    def pod_manager(self) -> PodManager:
+        return QuietPodManager(kube_client=self.client, callbacks=self.callbacks)
+
+
+class QuietPodManager(PodManager):
+    """KPO's pod manager, minus TensorFlow's start-up chatter in the container lines it copies into the task log
+    (the pod's own log keeps every line)."""
+
+    def _log_message(self, message: str, *args: Any, **kwargs: Any) -> None:
+        if is_native_noise(message):
+            return
+        super()._log_message(message, *args, **kwargs)
 
 
 def build_pod_operator(pod: k8s.V1Pod, config: PipelineConfig, task_id: str) -> StagePodOperator:

@@ -27,6 +27,7 @@ from kubernetes.client import models as k8s
 from trainyard import settings
 from trainyard.backends.base import StageFailed
 from trainyard.images import local_command
+from trainyard.native_noise import is_native_noise
 from trainyard.podspec import SCRATCH_NAME, VOLUME_NAME
 from trainyard.registry import images as registry_images
 from trainyard_contract.cluster_spec import ROLES, Replicas, local_hosts
@@ -114,16 +115,21 @@ class LocalProcess:
                 sink.close()
 
     def log_tail(self, lines: int = 15) -> list[str]:
+        """The last lines of its output, without TensorFlow's start-up chatter (the log file keeps every line)."""
         if self.output is None or not self.output.is_file():
             return list(self.tail)[-lines:]
-        return self.output.read_text(errors="replace").splitlines()[-lines:]
+        text = self.output.read_text(errors="replace").splitlines()
+        return [line for line in text if not is_native_noise(line)][-lines:]
 
     def stream(self, log: logging.Logger, prefix: str) -> int:
-        """Copy output lines to `log` until the process exits; return its exit code."""
+        """Copy output lines to `log` until the process exits (TensorFlow's start-up chatter left out); return
+        its exit code."""
         if self.process is None or self.process.stdout is None:
             raise RuntimeError(f"process for {self.name} was not started")
         for line in self.process.stdout:
             line = line.rstrip("\n")
+            if is_native_noise(line):
+                continue
             self.tail.append(line)
             log.info("%s %s", prefix, line)
         return self.process.wait()
