@@ -107,7 +107,7 @@ def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path,
     assert done.returncode == 1
     assert "finished: failed" in done.stdout
     log = done.stdout + done.stderr
-    assert "pixel_0: wrong type" in log and "not retried" in log
+    assert "pixel_0: 1 value(s) of the wrong type str" in log and "line 2: 'zero'" in log and "not retried" in log
     run_dir = run_folder(done.stdout)
     assert (run_dir / layout.VALIDATION_RESULTS).is_file()
     assert not (run_dir / layout.PREPARED).exists()

@@ -109,6 +109,10 @@ def corrupt(path: Path, how: str) -> None:
         lines[5] = ",".join(cells)
     elif how == "truncated":
         lines[-1] = lines[-1][: len(lines[-1]) // 2].rstrip(",")
+    elif how == "renamed column":
+        lines[0] = lines[0].replace("pixel_5,", "pixl_5,", 1)
+    elif how == "blank label":
+        lines[3] = lines[3].rsplit(",", 1)[0] + ","
     elif how == "out of range":
         cells = lines[2].split(",")
         cells[7] = "99"
@@ -119,10 +123,14 @@ def corrupt(path: Path, how: str) -> None:
 @pytest.mark.parametrize(
     ("how", "expected"),
     [
-        ("missing column", "pixel_5: column is missing"),
-        ("wrong type", "pixel_10: wrong type"),
-        ("nan", "pixel_20: 1 empty/NaN value(s), at line(s) 6"),
-        ("out of range", "pixel_7: 1 value(s) fail expect_column_values_to_be_between, e.g. [99"),
+        ("missing column", "pixel_5: column is missing (the file has 64 columns)\n"),
+        ("renamed column", "pixel_5: column is missing (the file has 65 columns); did you mean 'pixl_5'?"),
+        ("wrong type", "pixel_10: 1 value(s) of the wrong type str (expected one of ['float64', 'float32', "
+                       "'int64']...), line 4: 'bright'\n"),
+        ("nan", "pixel_20: 1 missing value(s) (empty or NaN cells), at line(s) 6"),
+        ("blank label", "digit: 1 missing value(s) (empty or NaN cells), at line(s) 4\n"),
+        ("out of range", "pixel_7: 1 value(s) fail expect_column_values_to_be_between (min_value 0.0, max_value "
+                         "16.0): line 3: 99.0"),
         ("truncated", "line 600 is truncated: only 33 of 65 fields have values"),
     ],
 )
@@ -132,9 +140,11 @@ def test_bad_data_fails_with_the_file_and_problem(digits: tuple[PipelineConfig, 
     corrupt(bad, how)
     with pytest.raises(StageError) as info:
         run_validate(config, volume)
-    message = str(info.value)
+    message = str(info.value) + "\n"
     rel = str(bad.relative_to(volume))
     assert f"{rel}: {expected}" in message, message
+    assert ": ? value" not in message and "e.g. []" not in message  # no half-filled lines
+    assert len([line for line in message.splitlines() if line.startswith("  - ")]) == 1  # one problem, said once
     results = json.loads((layout.runs_dir(volume, "digits") / "r1" / layout.VALIDATION_RESULTS).read_text())
     assert results["success"] is False
 

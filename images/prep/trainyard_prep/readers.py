@@ -29,6 +29,7 @@ def read_chunks(path: Path, chunk_rows: int, columns: list[str] | None = None) -
         try:
             reader = pd.read_csv(handle, chunksize=chunk_rows, usecols=usecols, encoding="utf-8")
             for chunk in reader:
+                chunk.attrs["header"] = header  # the file's own columns, also those not read
                 now = handle.tell()
                 yield chunk, max(now - position, 0)
                 position = now
@@ -41,6 +42,11 @@ def read_chunks(path: Path, chunk_rows: int, columns: list[str] | None = None) -
             raise StageError(f"{path.name}: not UTF-8 text at byte {exc.start}") from None
     if rows_seen == 0:
         raise StageError(f"{path.name}: has a header but no data rows")
+
+
+def header_of(chunk: pd.DataFrame) -> list[str]:
+    """The header of the file a chunk came from (every column, also those it did not read)."""
+    return list(chunk.attrs.get("header", chunk.columns))
 
 
 def truncated_rows(chunk: pd.DataFrame) -> pd.Index:

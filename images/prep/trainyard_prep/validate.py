@@ -8,6 +8,7 @@ table-level row count is checked on the total. Results JSON and Data Docs (made 
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from trainyard_contract.atomic import staged_dir, write_json
 from trainyard_contract.runtime import Progress, StageError
 from trainyard_contract.schema import DataConfig, PipelineConfig
 from trainyard_prep.datadocs import make_offline
-from trainyard_prep.readers import read_chunks, truncated_rows
+from trainyard_prep.readers import header_of, read_chunks, truncated_rows
 
 NUMERIC_TYPES = {"float": ["float64", "float32", "int64", "int32", "int16", "int8", "Float64", "Int64"],
                  "int": ["int64", "int32", "int16", "int8", "Int64"]}
@@ -73,10 +74,50 @@ class FileReport:
                 "problems": self.problems}
 
 
-def _describe(result: Any, chunk: pd.DataFrame, truncated: pd.Index) -> str | None:
-    """One human line for a failed expectation result, with line numbers or sample values where they help.
+def _lines(index: pd.Index, values: pd.Series | None = None, limit: int = 3) -> str:
+    """`line 4: 99, line 9: 120` (with values) or `line(s) 4, 9` for the first rows of `index`."""
+    rows = list(index[:limit])
+    if values is None:
+        return "line(s) " + ", ".join(str(int(i) + 2) for i in rows)
+    return ", ".join(f"line {int(i) + 2}: {_plain(values[i])!r}" for i in rows)
 
-    The chunk's index is the row number within the file, so a row's line number is `index + 2` (after the header).
+
+def _plain(value: Any) -> Any:
+    """A cell as the user wrote it: numpy scalars as Python numbers (99.0, not np.float64(99.0))."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _all_numbers(column: pd.Series) -> bool:
+    present = column.notna()
+    return bool((pd.to_numeric(column, errors="coerce").notna() | ~present).all())
+
+
+def _failing(kind: str, kwargs: dict[str, Any], column: pd.Series) -> pd.Series | None:
+    """The rows of `column` that fail a value expectation, computed here so the message can name real rows
+    (GE's SUMMARY result counts them but shows no line numbers); None for a kind this cannot recompute."""
+    present = column.notna()
+    if kind == "expect_column_values_to_be_between":
+        numbers = pd.to_numeric(column, errors="coerce")
+        low, high = kwargs.get("min_value"), kwargs.get("max_value")
+        outside = pd.Series(False, index=column.index)
+        if low is not None:
+            outside |= numbers < low
+        if high is not None:
+            outside |= numbers > high
+        return present & outside
+    if kind == "expect_column_values_to_be_in_set":
+        allowed = kwargs.get("value_set") or []
+        as_text = {str(v) for v in allowed}
+        return present & ~(column.isin(allowed) | column.astype(str).isin(as_text))
+    return None
+
+
+def _describe(result: Any, chunk: pd.DataFrame, truncated: pd.Index, header: list[str],
+              expected: list[str]) -> str | None:
+    """One human line for a failed expectation result: how many rows, real values with their line numbers.
+
+    The chunk's index is the row number within the file, so a row's line number is `index + 2` (after the header);
+    `header` is the file's own header line, all of its columns; `expected` the columns the config names.
     """
     config = result.expectation_config
     kind = config.type
@@ -87,23 +128,39 @@ def _describe(result: Any, chunk: pd.DataFrame, truncated: pd.Index) -> str | No
     if result.exception_info and result.exception_info.get("raised_exception"):
         return f"{column}: {kind} could not be evaluated (is the column's type wrong?)"
     if kind == "expect_column_to_exist":
-        return f"{column}: column is missing (columns present: {len(chunk.columns)})"
+        unknown = [name for name in header if name not in set(expected)]  # a typo is a column nobody expects
+        close = difflib.get_close_matches(column, unknown, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{column}: column is missing (the file has {len(header)} columns){hint}"
     if kind == "expect_column_values_to_be_in_type_list":
         observed = details.get("observed_value")
-        bad = pd.to_numeric(chunk[column], errors="coerce").isna() & chunk[column].notna()
-        sample = chunk[column][bad].astype(str).head(3).tolist()
-        where = f", e.g. line {int(bad.idxmax()) + 2}: {sample[0]!r}" if sample else ""
-        return f"{column}: wrong type {observed} (expected one of {config.kwargs['type_list'][:3]}...){where}"
-    count = details.get("unexpected_count", "?")
+        values = chunk[column]
+        bad = pd.to_numeric(values, errors="coerce").isna() & values.notna()
+        if not bad.any():
+            if values.isna().any():
+                return None  # blank cells make a numeric column float: reported as missing values, with lines
+            return f"{column}: wrong type {observed} (expected one of {config.kwargs['type_list'][:3]}...)"
+        rows = values.index[bad]
+        return (f"{column}: {len(rows)} value(s) of the wrong type {observed} (expected one of "
+                f"{config.kwargs['type_list'][:3]}...), {_lines(rows, values)}")
     if kind == "expect_column_values_to_not_be_null":
         empty = chunk.index[chunk[column].isna()].difference(truncated)
         if empty.empty:
             return None  # only truncated rows, reported on their own
-        count = len(empty)
-        lines = [int(i) + 2 for i in empty[:3]]
-        return f"{column}: {count} empty/NaN value(s), at line(s) {', '.join(map(str, lines))}"
-    sample = details.get("partial_unexpected_list", [])[:3]
-    return f"{column}: {count} value(s) fail {kind}, e.g. {sample}"
+        return f"{column}: {len(empty)} missing value(s) (empty or NaN cells), at {_lines(empty)}"
+    if kind == "expect_column_values_to_be_between" and not _all_numbers(chunk[column]):
+        return None  # values of the wrong type: reported by the type expectation, with their lines
+    failing = _failing(kind, config.kwargs, chunk[column])
+    if failing is not None and failing.any():
+        rows = chunk.index[failing]
+        bounds = {k: config.kwargs[k] for k in ("min_value", "max_value", "value_set") if config.kwargs.get(k)
+                  is not None}
+        rule = ", ".join(f"{k} {v!r}" for k, v in bounds.items())
+        return f"{column}: {len(rows)} value(s) fail {kind} ({rule}): {_lines(rows, chunk[column])}"
+    count = details.get("unexpected_count")
+    sample = details.get("partial_unexpected_list") or []
+    counted = f"{count} value(s)" if count is not None else "values"
+    return f"{column}: {counted} fail {kind}" + (f", e.g. {sample[:3]}" if sample else "")
 
 
 class SuiteRunner:
@@ -167,7 +224,7 @@ def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineCo
                         )
                     for item in result.results:
                         if not item.success:
-                            line = _describe(item, chunk, truncated)
+                            line = _describe(item, chunk, truncated, header_of(chunk), expected)
                             if line and line not in report.problems:
                                 report.problems.append(line)
             except StageError as exc:
