@@ -90,13 +90,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"trainyard run: unknown parameter(s) {unknown}; known: {sorted(dag.params.keys())}", file=sys.stderr)
         return EXIT_USAGE
+    from trainyard.local_run import airflow_home_problem, failure_summary, shim_problem, tee_output
+
+    problem = airflow_home_problem() or shim_problem(config.name)
+    if problem is not None:
+        print(f"trainyard run: {problem.message}", file=sys.stderr)
+        return EXIT_FAILED
     logical_date = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    dag_run = dag.test(logical_date=logical_date, run_conf=conf)
+    log_path = run_log_path(config.name, logical_date)
+    with tee_output(log_path):
+        dag_run = dag.test(logical_date=logical_date, run_conf=conf)
     run_dir = layout.runs_dir(settings.data_dir(), config.name) / run_key(dag_run.run_id)
     state = str(getattr(dag_run.state, "value", dag_run.state))
     print(f"trainyard run: {config.name} run {dag_run.run_id} finished: {state}")
+    if state != "success":
+        for line in failure_summary(dag_run):
+            print(f"trainyard run: {line}")
     print(f"trainyard run: run folder: {run_dir}")
+    print(f"trainyard run: log: {log_path}")
     return EXIT_OK if state == "success" else EXIT_FAILED
+
+
+def run_log_path(pipeline: str, when: dt.datetime) -> Path:
+    """Where `trainyard run` keeps the whole output of a run (the task logs dag.test prints)."""
+    from airflow.configuration import conf
+
+    folder = Path(conf.get("logging", "base_log_folder")) / "trainyard-run" / pipeline
+    return folder / f"{when.strftime('%Y-%m-%dT%H-%M-%S')}.log"
 
 
 def cmd_data(args: argparse.Namespace) -> int:

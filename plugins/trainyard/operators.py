@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.providers.standard.operators.branch import BranchMixIn
 from airflow.sdk import BaseOperator
@@ -45,6 +45,26 @@ def bad_input(exc: StageFailed, stage: Stage) -> AirflowFailException:
     return AirflowFailException(f"{exc}\n({stage.bad_input_hint})")
 
 
+def record_failure(context: Any, exc: StageFailed) -> None:
+    """Keep the stage's own message beside the run (an XCom), so `trainyard run` and people can read it without
+    digging through the log; never let recording it hide the failure itself."""
+    from trainyard.local_run import FAILURE_XCOM
+
+    try:
+        context["ti"].xcom_push(key=FAILURE_XCOM, value={"message": exc.stage_message[:4000],
+                                                         "retryable": exc.retryable, "exit_code": exc.exit_code})
+    except Exception:  # noqa: BLE001 - the task fails with the stage's error either way
+        pass
+
+
+def fail(context: Any, exc: StageFailed, stage: Stage) -> NoReturn:
+    """Raise the failure Airflow should see for a failed stage (and record its message first)."""
+    record_failure(context, exc)
+    if not exc.retryable:
+        raise bad_input(exc, stage) from exc
+    raise exc
+
+
 class StageOperator(BaseOperator):
     """Builds the stage's pod spec from its declaration, the config and this run, and launches it through the
     backend. Returns the stage's small JSON result (counts, paths, metrics) as XCom; data never travels through
@@ -80,9 +100,7 @@ class StageOperator(BaseOperator):
         try:
             result = launcher.run_pod(pod, self.log, context)
         except StageFailed as exc:
-            if not exc.retryable:
-                raise bad_input(exc, self.stage) from exc
-            raise
+            fail(context, exc, self.stage)
         if result is not None and len(json.dumps(result)) > XCOM_LIMIT_BYTES:
             raise ValueError(f"stage {self.stage.name!r} returned more than {XCOM_LIMIT_BYTES} bytes of XCom")
         if result is not None and result.get("skipped"):
@@ -138,9 +156,7 @@ class TrainJobOperator(StageOperator):
         try:
             return launch_training(config, run, self.stage, self.launcher(config), self.log, context)
         except StageFailed as exc:
-            if not exc.retryable:
-                raise bad_input(exc, self.stage) from exc
-            raise
+            fail(context, exc, self.stage)
 
 
 class TrainTeardownOperator(BaseOperator):

@@ -17,11 +17,12 @@ from trainyard_contract import layout
 from trainyard_prep.example_data import write_digits
 
 pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
 
 
-def trainyard(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+def trainyard(*args: str, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "trainyard.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def run_folder(output: str) -> Path:
@@ -99,13 +100,30 @@ def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Pa
     assert not (second / layout.DEPLOY_RESULT).exists()
 
 
-def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path, data_dir: Path) -> None:
+def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path, data_dir: Path,
+                                                            tmp_path: Path) -> None:
+    """On an Airflow home nobody prepared: the database is initialised, a missing shim is one line, and the failed
+    run ends with a summary (task, the stage's own message, no retry for bad input, run folder, log)."""
     write_digits(data_dir / layout.DATASETS / "digits", days=2)
     bad = sorted((data_dir / layout.DATASETS / "digits").glob("date=*/part-0.csv"))[0]
     bad.write_text(bad.read_text().replace("\n0.0,", "\nzero,", 1))
-    done = trainyard("run", "digits")
+    fresh = {"AIRFLOW_HOME": str(tmp_path / "fresh-home")}
+    no_shim = trainyard("run", "digits", env=fresh)  # dags folder: $AIRFLOW_HOME/dags, empty
+    assert no_shim.returncode == 1 and "initialising the Airflow database" in no_shim.stdout
+    assert [line for line in no_shim.stderr.splitlines() if line.startswith("trainyard run:")] == [
+        f"trainyard run: no DAG shim for pipeline 'digits' in the dags folder: {tmp_path}/fresh-home/dags/digits.py "
+        "is missing (create it with `trainyard new digits`, or copy dags/digits.py and change the name)"]
+    done = trainyard("run", "digits", env={**fresh, "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags")})
     assert done.returncode == 1
     assert "finished: failed" in done.stdout
+    summary = [line for line in done.stdout.splitlines() if line.startswith("trainyard run: ")]
+    assert summary[1:4] == [
+        "trainyard run: failed task: validate_data (attempt 1)",
+        "trainyard run: error: validate failed: data validation failed: 1 problem(s) in datasets/digits",
+        "trainyard run: a retry would fail the same way: fix the data or the config, then run again"], summary
+    log_file = Path(summary[-1].split("log: ", 1)[1])
+    assert summary[-1].startswith("trainyard run: log: ") and "pixel_0: 1 value(s) of the wrong type" in \
+        log_file.read_text()
     log = done.stdout + done.stderr
     assert "pixel_0: 1 value(s) of the wrong type str" in log and "line 2: 'zero'" in log and "not retried" in log
     run_dir = run_folder(done.stdout)

@@ -20,6 +20,18 @@ class StageFailed(Exception):
         self.exit_code = exit_code
 
     @property
+    def stage_message(self) -> str:
+        """The stage's own words, for a summary: its ERROR lines from the output tail (`validate failed: ...`),
+        else the first line of this message (`training job failed: ...`)."""
+        lines = str(self).splitlines()
+        errors = [i for i, line in enumerate(lines) if " ERROR " in line]
+        if not errors:
+            return lines[0] if lines else ""
+        own = [line.split(" ERROR ", 1)[1].strip() if " ERROR " in line else line.strip()
+               for line in lines[errors[0]:]]
+        return "\n".join(line for line in own if line)
+
+    @property
     def retryable(self) -> bool:
         """False when the stage said its input is bad: a retry would fail the same way."""
         return is_retryable_exit(self.exit_code)
