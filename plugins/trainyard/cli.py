@@ -1,5 +1,5 @@
 """`trainyard`: the verbs Airflow has no word for. `check` configs, `run` a pipeline end to end, write example `data`,
-create the `pools` the configs name, `mark-data` for asset-scheduled pipelines.
+create the `pools` the configs name, `mark-data` for asset-scheduled pipelines, `new` to scaffold a pipeline.
 
 Exit codes: 0 success, 1 invalid config or failed run, 2 usage error.
 """
@@ -51,13 +51,50 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("trainyard check: no pipeline configs (*.yaml) found", file=sys.stderr)
         return EXIT_FAILED
     configs, errors = check_folder(paths)
+    from trainyard.scaffold import model_module_problem, pairing_problems
+
+    for config in configs:
+        problem = model_module_problem(config.training.model.module)
+        if problem is not None:
+            errors.append(f"{config.name}: training.model.module: {problem}")
+    if not args.paths:  # the configured folder: each pipeline needs its DAG shim, and each shim its config
+        errors += pairing_problems({c.name for c in configs}, dags_folder())
     for line in errors:
         print(line, file=sys.stderr)
     for config in configs:
         print(f"ok  {config.name}{model_name_note(config)}")
     if errors:
-        print(f"{len(errors)} error(s) in {len(paths) - len(configs)} of {len(paths)} file(s)", file=sys.stderr)
+        print(f"{len(errors)} error(s) in {len(paths)} file(s)", file=sys.stderr)
         return EXIT_FAILED
+    return EXIT_OK
+
+
+def dags_folder() -> Path:
+    """The dags folder of this Airflow home (`[core] dags_folder`), where the DAG shims live."""
+    from airflow.configuration import conf
+
+    return Path(conf.get("core", "dags_folder"))
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    from trainyard.scaffold import ScaffoldError, new_pipeline
+
+    try:
+        written = new_pipeline(args.name, Path(args.sample) if args.sample else None, args.label,
+                               pipelines=settings.pipelines_dir(), dags=dags_folder(), volume=settings.data_dir(),
+                               force=args.force)
+    except ScaffoldError as exc:
+        print(f"trainyard new: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"trainyard new: config  {written.config}")
+    print(f"trainyard new: shim    {written.shim}")
+    print(f"trainyard new: model   {written.model} (training.model.module: trainyard_trainer.models.{args.name})")
+    if written.data is not None:
+        print(f"trainyard new: data    {written.data} (the sample, as today's partition)")
+    for note in written.notes:
+        print(f"trainyard new: note: {note}")
+    print(f"next: trainyard check && trainyard serve --background && trainyard run {args.name} && "
+          f"trainyard predict {args.name}")
     return EXIT_OK
 
 
@@ -333,6 +370,13 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("pipeline")
     predict.add_argument("--rest-port", type=int, help="the local server's REST port (default: deploy.rest_port)")
     predict.set_defaults(func=cmd_predict)
+    new = commands.add_parser("new", help="scaffold a pipeline: config (from a sample CSV), DAG shim, model module")
+    new.add_argument("name", help="the pipeline's name (lowercase, digits, '_')")
+    new.add_argument("--from", dest="sample", help="a sample CSV: features, dtypes and ranges are inferred from it, "
+                                                   "and it becomes the dataset's first partition")
+    new.add_argument("--label", help="the column with the class to predict (required with --from)")
+    new.add_argument("--force", action="store_true", help="overwrite files that exist")
+    new.set_defaults(func=cmd_new)
     render = commands.add_parser("render", help="write every Kubernetes manifest one run would create, as YAML")
     render.add_argument("pipeline")
     render.add_argument("--run-id", help="the Airflow run id to render for (default: a manual run now)")
@@ -354,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:
         return EXIT_USAGE if exc.code else EXIT_OK
+    settings.default_airflow_home()
     return int(args.func(args))
 
 

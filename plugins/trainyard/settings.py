@@ -29,3 +29,11 @@ def backend_name(configured: str | None) -> str:
     if name not in ("local", "kubernetes"):
         raise ValueError(f"TRAINYARD_BACKEND must be 'local' or 'kubernetes' (got {name!r})")
     return name
+
+
+def default_airflow_home() -> None:
+    """Without `AIRFLOW_HOME`, the CLI uses the Airflow home `make` prepared in the checkout (`.airflow/`, whose
+    dags folder is the repo's `dags/`), as the Makefile does, instead of Airflow's own `~/airflow`."""
+    prepared = REPO_ROOT / ".airflow"
+    if "AIRFLOW_HOME" not in os.environ and (prepared / "airflow.cfg").is_file():
+        os.environ["AIRFLOW_HOME"] = str(prepared)
