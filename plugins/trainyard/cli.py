@@ -24,6 +24,7 @@ from trainyard_contract import layout
 from trainyard_contract.schema import PipelineConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 
 
 def load_named(name: str) -> tuple[PipelineConfig, Path] | None:
@@ -127,25 +128,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"trainyard run: unknown parameter(s) {unknown}; known: {sorted(dag.params.keys())}", file=sys.stderr)
         return EXIT_USAGE
-    from trainyard.local_run import airflow_home_problem, failure_summary, shim_problem, tee_output
+    import signal
 
-    problem = airflow_home_problem() or shim_problem(config.name)
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.types import DagRunType
+
+    from trainyard import local_run
+
+    problem = local_run.airflow_home_problem() or local_run.shim_problem(config.name)
+    stale_problem, notes = local_run.stale_run_problem(config.name) if problem is None else (None, [])
+    problem = problem or stale_problem
     if problem is not None:
         print(f"trainyard run: {problem.message}", file=sys.stderr)
         return EXIT_FAILED
-    logical_date = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    for note in notes:
+        print(f"trainyard run: {note}")
+    run_after = dt.datetime.now(dt.UTC)
+    logical_date = run_after.replace(microsecond=0)
+    run_id = DagRun.generate_run_id(run_type=DagRunType.MANUAL, logical_date=logical_date, run_after=run_after)
     log_path = run_log_path(config.name, logical_date)
-    with tee_output(log_path):
-        dag_run = dag.test(logical_date=logical_date, run_conf=conf)
-    run_dir = layout.runs_dir(settings.data_dir(), config.name) / run_key(dag_run.run_id)
-    state = str(getattr(dag_run.state, "value", dag_run.state))
-    print(f"trainyard run: {config.name} run {dag_run.run_id} finished: {state}")
-    if state != "success":
-        for line in failure_summary(dag_run):
+    lock = local_run.RunLock.for_pipeline(config.name)
+    lock.take(run_id)
+    previous = signal.signal(signal.SIGINT, local_run.interrupt_handler)
+    state = "failed"
+    dag_run = None
+    try:
+        with local_run.tee_output(log_path):
+            dag_run = dag.test(logical_date=logical_date, run_after=run_after, run_conf=conf)
+        state = str(getattr(dag_run.state, "value", dag_run.state))
+    except KeyboardInterrupt:
+        local_run.mark_failed(config.name, run_id)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        lock.release()
+    run_dir = layout.runs_dir(settings.data_dir(), config.name) / run_key(run_id)
+    print(f"trainyard run: {config.name} run {run_id} finished: {state}")
+    if local_run.INTERRUPTED:
+        print("trainyard run: stopped by Ctrl-C: the running stage's processes were stopped and the run marked "
+              "failed; nothing was published")
+    elif state != "success" and dag_run is not None:
+        for line in local_run.failure_summary(dag_run):
             print(f"trainyard run: {line}")
     print(f"trainyard run: run folder: {run_dir}")
     print(f"trainyard run: log: {log_path}")
+    if local_run.INTERRUPTED:
+        return EXIT_INTERRUPTED
     return EXIT_OK if state == "success" else EXIT_FAILED
+
 
 
 def run_log_path(pipeline: str, when: dt.datetime) -> Path:

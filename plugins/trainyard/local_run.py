@@ -123,3 +123,109 @@ def failure_summary(dag_run: Any) -> list[str]:
             else:
                 lines.append("error: not a stage failure (see the task's traceback in the log)")
     return lines or ["no task failed (the run ended early: see the log)"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during `trainyard run`: the running stage is stopped and the run ends failed, without retries."""
+
+
+INTERRUPTED: list[bool] = []  # set once Ctrl-C arrived during `trainyard run`
+
+
+def interrupt_handler(signum: int, frame: Any) -> None:
+    """The first Ctrl-C stops the running stage (its processes are stopped and reaped by the launcher) and the
+    run; a second one is Python's own KeyboardInterrupt."""
+    import signal
+
+    INTERRUPTED.append(True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    raise Interrupted()
+
+
+def mark_failed(dag_id: str, run_id: str) -> int:
+    """End a run that nobody will finish: its unfinished task instances and the run itself become failed, so
+    `max_active_runs` no longer counts it and unpausing the DAG does not resume it. Returns the tasks changed."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    unfinished = [None, TaskInstanceState.SCHEDULED, TaskInstanceState.QUEUED, TaskInstanceState.RUNNING,
+                  TaskInstanceState.UP_FOR_RETRY, TaskInstanceState.UP_FOR_RESCHEDULE, TaskInstanceState.DEFERRED,
+                  TaskInstanceState.RESTARTING]
+    with create_session() as session:
+        changed = 0
+        for ti in session.query(TaskInstance).filter(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id):
+            if ti.state in unfinished:
+                ti.state = TaskInstanceState.FAILED if ti.state is not None else TaskInstanceState.UPSTREAM_FAILED
+                changed += 1
+        for run in session.query(DagRun).filter(DagRun.dag_id == dag_id, DagRun.run_id == run_id):
+            run.state = DagRunState.FAILED
+    return changed
+
+
+@dataclass(frozen=True)
+class RunLock:
+    """`<AIRFLOW_HOME>/trainyard-run/<pipeline>.json`: which process runs which run of a pipeline right now."""
+
+    path: Path
+
+    @classmethod
+    def for_pipeline(cls, pipeline: str) -> RunLock:
+        from airflow import settings as airflow_settings
+
+        return cls(Path(airflow_settings.AIRFLOW_HOME) / "trainyard-run" / f"{pipeline}.json")
+
+    def holder(self) -> dict[str, Any] | None:
+        import json
+
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def take(self, run_id: str) -> None:
+        import json
+        import os
+
+        from trainyard_contract.atomic import write_bytes
+
+        write_bytes(self.path, json.dumps({"pid": os.getpid(), "run_id": run_id}).encode())
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_run_problem(pipeline: str) -> tuple[Problem | None, list[str]]:
+    """(a Problem when another `trainyard run` of the pipeline is alive, notes about a run a dead one left).
+
+    A `trainyard run` that was killed (SIGKILL, a closed terminal) leaves its run `running` in the metadata
+    database; with `max_active_runs: 1` that blocks the pipeline's next runs, and unpausing the DAG would resume
+    it. Such a run is marked failed here, and said so."""
+    lock = RunLock.for_pipeline(pipeline)
+    holder = lock.holder()
+    if holder is None:
+        return None, []
+    if alive(int(holder.get("pid", 0))):
+        return Problem(f"another `trainyard run {pipeline}` is running (pid {holder['pid']}, run "
+                       f"{holder.get('run_id')}); wait for it, or stop it with Ctrl-C"), []
+    notes = []
+    run_id = holder.get("run_id")
+    if run_id:
+        changed = mark_failed(pipeline, run_id)
+        notes.append(f"run {run_id} was left running by a `trainyard run` that died (pid {holder['pid']}); marked "
+                     f"it failed ({changed} unfinished task(s))")
+    lock.release()
+    return None, notes

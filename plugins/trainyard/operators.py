@@ -57,6 +57,11 @@ def record_failure(context: Any, exc: StageFailed) -> None:
         pass
 
 
+def stopped_by_user() -> AirflowFailException:
+    """Ctrl-C in `trainyard run`: the launcher already stopped the stage's processes; no retry."""
+    return AirflowFailException("stopped by Ctrl-C: the stage's processes were stopped; not retried")
+
+
 def fail(context: Any, exc: StageFailed, stage: Stage) -> NoReturn:
     """Raise the failure Airflow should see for a failed stage (and record its message first)."""
     record_failure(context, exc)
@@ -101,6 +106,8 @@ class StageOperator(BaseOperator):
             result = launcher.run_pod(pod, self.log, context)
         except StageFailed as exc:
             fail(context, exc, self.stage)
+        except KeyboardInterrupt as exc:
+            raise stopped_by_user() from exc
         if result is not None and len(json.dumps(result)) > XCOM_LIMIT_BYTES:
             raise ValueError(f"stage {self.stage.name!r} returned more than {XCOM_LIMIT_BYTES} bytes of XCom")
         if result is not None and result.get("skipped"):
@@ -157,6 +164,8 @@ class TrainJobOperator(StageOperator):
             return launch_training(config, run, self.stage, self.launcher(config), self.log, context)
         except StageFailed as exc:
             fail(context, exc, self.stage)
+        except KeyboardInterrupt as exc:
+            raise stopped_by_user() from exc
 
 
 class TrainTeardownOperator(BaseOperator):

@@ -136,3 +136,72 @@ def test_run_usage_errors(pipelines_dir: Path, data_dir: Path) -> None:
     assert trainyard("run", "digits", "--conf", '{"stepz": 3}').returncode == 2
     missing = trainyard("run", "digitz")
     assert missing.returncode == 1 and "did you mean 'digits'?" in missing.stderr
+
+
+def wait_for_text(path: Path, text: str, seconds: float = 180) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if text in path.read_text(errors="replace"):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def processes_of(run_dir_fragment: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-af", run_dir_fragment], capture_output=True, text=True).stdout
+    return [line for line in found.splitlines() if "pgrep" not in line]
+
+
+def run_state(run_id: str) -> str:
+    from airflow.models.dagrun import DagRun
+
+    (run,) = DagRun.find(dag_id="digits", run_id=run_id)
+    return str(getattr(run.state, "value", run.state))
+
+
+def test_ctrl_c_stops_a_run_and_a_killed_run_is_cleared_by_the_next(pipelines_dir: Path, data_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    import signal
+    import time
+
+    write_digits(data_dir / layout.DATASETS / "digits", days=5)
+    command = [sys.executable, "-m", "trainyard.cli", "run", "digits", "--conf", '{"steps": 5000, "workers": 1}']
+    output = tmp_path / "interrupted.log"
+    with output.open("w") as sink:
+        run = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=dict(os.environ))
+    try:
+        assert wait_for_text(output, "first step done"), output.read_text()[-3000:]  # the training job runs
+        run.send_signal(signal.SIGINT)
+        assert run.wait(timeout=90) == 130
+    finally:
+        if run.poll() is None:
+            run.kill()
+    text = output.read_text()
+    assert "trainyard run: stopped by Ctrl-C: the running stage's processes were stopped" in text
+    found = re.search(r"^trainyard run: digits run (\S+) finished: failed$", text, re.M)
+    assert found, text[-3000:]
+    run_id = found.group(1)
+    assert run_state(run_id) == "failed" and "up_for_retry" not in text.split("Ctrl-C", 1)[-1]
+    time.sleep(2)
+    assert processes_of(f"runs/digits/{layout.run_key(run_id)}") == []  # chief, PS, worker: stopped and reaped
+
+    killed_log = tmp_path / "killed.log"
+    with killed_log.open("w") as sink:
+        killed = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=dict(os.environ))
+    assert wait_for_text(killed_log, "local backend: running pod"), killed_log.read_text()[-3000:]
+    killed.kill()  # SIGKILL: no handler runs
+    killed.wait(timeout=30)
+    killed_id = re.search(r"--run-id (manual__\S+)", killed_log.read_text()).group(1)  # from the stage's command
+    assert run_state(killed_id) == "running"  # what a killed command leaves behind
+    deadline = time.monotonic() + 20
+    while processes_of(f"runs/digits/{layout.run_key(killed_id)}") and time.monotonic() < deadline:
+        time.sleep(0.5)  # its stage died with it (PDEATHSIG), not left running on its own
+    assert processes_of(f"runs/digits/{layout.run_key(killed_id)}") == []
+
+    bad = sorted((data_dir / layout.DATASETS / "digits").glob("date=*/part-0.csv"))[0]
+    bad.write_text(bad.read_text().replace("\n0.0,", "\nzero,", 1))  # the next run fails fast, at validate
+    after = trainyard("run", "digits")
+    assert f"trainyard run: run {killed_id} was left running by a `trainyard run` that died" in after.stdout
+    assert run_state(killed_id) == "failed"

@@ -65,6 +65,17 @@ def _env_for(container: k8s.V1Container, mapper: PathMapper) -> dict[str, str]:
     return env
 
 
+def die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the process that started it dies (Linux's PDEATHSIG), so a
+    killed `trainyard run` or Airflow worker leaves no stage or replica running on its own."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: stop() and on_kill still end the process
+
+
 class LocalProcess:
     """One running pod-as-process: started in its own session so it can be stopped with all its children."""
 
@@ -108,7 +119,8 @@ class LocalProcess:
                 stderr=subprocess.STDOUT,
                 text=True,
                 bufsize=1,
-                start_new_session=True,
+                start_new_session=True,  # its own process group: stop() ends it with all its children
+                preexec_fn=die_with_parent,
             )
         finally:
             if output is not None:
