@@ -135,9 +135,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from trainyard import local_run
 
+    notes: list[str] = []
     problem = local_run.airflow_home_problem() or local_run.shim_problem(config.name)
-    stale_problem, notes = local_run.stale_run_problem(config.name) if problem is None else (None, [])
-    problem = problem or stale_problem
+    if problem is None:
+        problem, notes = local_run.stale_run_problem(config.name)
     if problem is not None:
         print(f"trainyard run: {problem.message}", file=sys.stderr)
         return EXIT_FAILED

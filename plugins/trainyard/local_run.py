@@ -1,7 +1,9 @@
 """`trainyard run`: one pipeline run through Airflow (`dag.test()`) in this process, with the checks and the
 summary a person needs: an Airflow home that is ready (or made ready), the pipeline's DAG shim in the dags folder,
 the whole output kept in a log file, and after a failure the failed task, the stage's own message, whether a retry
-would help, the run folder and the log.
+would help, the run folder and the log. Ctrl-C stops the run (the launcher reaps the stage's processes, the task
+fails without retry, the run is marked failed); a run a killed `trainyard run` left behind is marked failed by the
+next one, found through a per-pipeline lock file that names the process and the run.
 """
 
 from __future__ import annotations
