@@ -26,37 +26,7 @@ COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MODELS_PACKAGE = "trainyard_trainer.models"
 MAX_CLASSES = 100
 
-SHIM = '''"""Airflow DAG shim for pipelines_config/{name}.yaml: the Trainyard factory builds the DAG from the config."""
-
-from trainyard.dag_factory import dag_from_config
-
-dag = dag_from_config("{name}")
-'''
-
-MODEL = '''"""The model of pipeline {name}: edit freely. Trainyard calls `build_model(params, schema)` once per replica.
-
-`params` is `training.model.params` from the config; `schema` describes the prepared data: `schema["features"]`
-(name, dtype per input column, in order), `schema["label"]["classes"]`, and `schema["stats"]` (mean/std per
-feature of the train split). Return a Keras model from a float matrix of the features to one logit per class.
-"""
-
-from __future__ import annotations
-
-from typing import Any
-
-import keras
-
-from trainyard_trainer.models.mlp import standardize
-
-
-def build_model(params: dict[str, Any], schema: dict[str, Any]) -> keras.Model:
-    inputs = keras.Input(shape=(len(schema["features"]),), name="features")
-    x = standardize(inputs, schema)  # the train split's mean and std, baked into the exported model
-    for width in params.get("hidden_units", [64, 32]):
-        x = keras.layers.Dense(int(width), activation="relu")(x)
-    logits = keras.layers.Dense(len(schema["label"]["classes"]), name="logits")(x)
-    return keras.Model(inputs, logits, name="{name}")
-'''
+TEMPLATES = Path(__file__).parent / "templates"  # `str.format` templates: {name} is the pipeline's name
 
 
 class ScaffoldError(Exception):
@@ -206,8 +176,8 @@ def new_pipeline(name: str, sample: Path | None, label: str | None, *, pipelines
     from trainyard_contract.atomic import write_bytes
 
     write_bytes(config, config_text(name, features, labels, rows, source).encode())
-    write_bytes(shim, SHIM.format(name=name).encode())
-    write_bytes(model, MODEL.format(name=name).encode())
+    write_bytes(shim, (TEMPLATES / "dag_shim.py.tmpl").read_text().format(name=name).encode())
+    write_bytes(model, (TEMPLATES / "model.py.tmpl").read_text().format(name=name).encode())
     data = None
     if sample is not None and volume is not None:
         data = layout.dataset_dir(volume, name) / f"date={dt.date.today().isoformat()}" / "part-0.csv"
