@@ -27,6 +27,7 @@ MODELS_PACKAGE = "trainyard_trainer.models"
 MAX_CLASSES = 100
 
 TEMPLATES = Path(__file__).parent / "templates"  # `str.format` templates: {name} is the pipeline's name
+MODEL_TEMPLATE = "model_template.py.tmpl"  # beside the built-in models, in the trainer package
 
 
 class ScaffoldError(Exception):
@@ -177,7 +178,7 @@ def new_pipeline(name: str, sample: Path | None, label: str | None, *, pipelines
 
     write_bytes(config, config_text(name, features, labels, rows, source).encode())
     write_bytes(shim, (TEMPLATES / "dag_shim.py.tmpl").read_text().format(name=name).encode())
-    write_bytes(model, (TEMPLATES / "model.py.tmpl").read_text().format(name=name).encode())
+    write_bytes(model, (models / MODEL_TEMPLATE).read_text().format(name=name).encode())
     data = None
     if sample is not None and volume is not None:
         data = layout.dataset_dir(volume, name) / f"date={dt.date.today().isoformat()}" / "part-0.csv"
