@@ -52,8 +52,8 @@ def yaml_value(value: Any) -> str:
     return str(value)
 
 
-def infer(sample: Path, label: str) -> tuple[list[str], list[str], list[str]]:
-    """(feature lines, label lines, notes) for the config, from the sample's columns."""
+def infer(sample: Path, label: str) -> tuple[list[str], list[str], list[str], int]:
+    """(feature lines, label lines, notes, rows) for the config, from the sample's columns."""
     import pandas as pd
 
     try:
@@ -101,7 +101,7 @@ def infer(sample: Path, label: str) -> tuple[list[str], list[str], list[str]]:
     labels = [f"    name: {label}", f"    classes: [{', '.join(yaml_value(c) for c in classes)}]"]
     notes.append("feature ranges are the sample's min and max: widen them in the config if later data may exceed "
                  "them")
-    return features, labels, notes
+    return features, labels, notes, len(frame)
 
 
 def config_text(name: str, features: list[str], label: list[str], rows: int, source: str) -> str:
@@ -165,10 +165,7 @@ def new_pipeline(name: str, sample: Path | None, label: str | None, *, pipelines
             raise ScaffoldError(f"{sample}: no such file")
         if label is None:
             raise ScaffoldError("--label COLUMN is required with --from (which column is the class to predict?)")
-        features, labels, notes = infer(sample, label)
-        import pandas as pd
-
-        rows = len(pd.read_csv(sample, usecols=[label]))
+        features, labels, notes, rows = infer(sample, label)  # the sample is read once
     else:
         features = ["    - {name: x_0, dtype: float}", "    - {name: x_1, dtype: float}"]
         labels = ["    name: label", "    classes: [0, 1]"]
