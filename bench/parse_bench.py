@@ -59,7 +59,8 @@ def make_generated(folder: Path, n: int) -> Path:
     shutil.copy(REPO / "pipelines_config" / "_defaults.yaml", configs)
     template = (REPO / "pipelines_config" / "digits.yaml").read_text()
     for i in range(n):
-        (configs / f"gen_{i}.yaml").write_text(template.replace("name: digits", f"name: gen_{i}"))
+        text = template.replace("\nname: digits", f"\nname: gen_{i}")
+        (configs / f"gen_{i}.yaml").write_text(text.replace("model_name: digits", f"model_name: gen-{i}"))
         shim = '"""Airflow DAG shim."""\nfrom trainyard.dag_factory import dag_from_config\n\n'
         (dags / f"gen_{i}.py").write_text(f'{shim}dag = dag_from_config("gen_{i}")\n')
     return dags
