@@ -37,6 +37,7 @@ from pathlib import Path
 import keras, tensorflow as tf
 from trainyard_contract import layout
 from trainyard_trainer.data import load_schema, make_dataset
+from trainyard_trainer.features import FeatureTransform
 from trainyard_trainer.models import mlp
 
 def port():
@@ -53,15 +54,19 @@ coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 schema = load_schema(run_dir)
 with strategy.scope():
     model = mlp.build_model({"hidden_units": [64, 32]}, schema)
+    transform = FeatureTransform(schema)
     optimizer = keras.optimizers.Adam(0.01)
     optimizer.build(model.trainable_variables)
 loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 # the same batches, materialised in memory once
-cached = [b for b in make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema).take(50)]
-features = tf.concat([b[0] for b in cached], 0); labels = tf.concat([b[1] for b in cached], 0)
+cached = [b for b in make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema,
+                                  transform=transform).take(50)]
+features = {k: tf.concat([b[0][k] for b in cached], 0) for k in cached[0][0]}
+labels = tf.concat([b[1] for b in cached], 0)
 
 def tfrecord_fn():
-    return make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema)
+    return make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema,
+                        transform=transform)
 
 def memory_fn():
     return tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch, drop_remainder=True).repeat()

@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from trainyard_contract.metrics import DEFAULT_METRICS, METRICS, impossible_bound
+
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 PIPELINE_NAME = r"^[a-z][a-z0-9_-]{0,50}$"
 K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -78,11 +80,26 @@ class Resources(Strict):
     gpu: int = Field(0, ge=0, le=16)
 
 
+class Vocabulary(Strict):
+    """How prepare builds a categorical feature's vocabulary from the train split."""
+
+    min_count: int = Field(1, ge=1, description="values seen fewer times are out of vocabulary")
+    max_size: int = Field(10_000, ge=1, le=1_000_000, description="keep the most frequent values")
+    oov_buckets: int = Field(1, ge=1, le=1000, description="ids for values outside the vocabulary (hashed)")
+
+
 class Feature(Strict):
-    """One input column. With `count: N` the name holds `{i}` and expands to N columns (pixel_{i} -> pixel_0..)."""
+    """One input column. With `count: N` the name holds `{i}` and expands to N columns (pixel_{i} -> pixel_0..).
+
+    `kind`: numeric (float or int) or categorical (string or int), default by dtype (string is categorical).
+    A nullable numeric feature is imputed with the train split's mean; a missing categorical value is out of
+    vocabulary. Both happen inside the exported model, so serving takes the raw value.
+    """
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_{}]*$")
     dtype: Literal["float", "int", "string"] = "float"
+    kind: Literal["numeric", "categorical"] | None = None
+    vocabulary: Vocabulary | None = None
     min: float | None = None
     max: float | None = None
     allowed: list[str | int] | None = Field(None, min_length=1)
@@ -99,24 +116,98 @@ class Feature(Strict):
             raise ValueError(f"min ({self.min}) is greater than max ({self.max})")
         if self.dtype == "string" and (self.min is not None or self.max is not None):
             raise ValueError("min/max apply to numeric features; use 'allowed' for strings")
+        if self.dtype == "string" and self.kind == "numeric":
+            raise ValueError("@kind: a string feature is categorical (or declare dtype float/int)")
+        if self.dtype == "float" and self.kind == "categorical":
+            raise ValueError("@kind: a float feature cannot be categorical (use dtype int or string)")
+        if self.vocabulary is not None and not self.is_categorical:
+            raise ValueError("@vocabulary: only a categorical feature has a vocabulary (kind: categorical)")
+        if self.is_categorical and self.dtype == "int" and self.nullable:
+            raise ValueError("@nullable: an int categorical feature cannot be nullable; declare it dtype string "
+                             "(a missing value is then out of vocabulary)")
         return self
+
+    @property
+    def is_categorical(self) -> bool:
+        return self.kind == "categorical" or (self.kind is None and self.dtype == "string")
+
+    @property
+    def vocab(self) -> Vocabulary:
+        return self.vocabulary or DEFAULT_VOCABULARY
+
+    @property
+    def stored_dtype(self) -> Literal["float", "int", "string"]:
+        """The dtype in the prepared shards and the serving signature: a nullable int is float (NaN = missing)."""
+        return "float" if self.dtype == "int" and self.nullable else self.dtype
 
     def expand(self) -> list[Feature]:
         """The concrete columns this entry stands for."""
         if self.count is None:
             return [self]
-        fields = self.model_dump(exclude={"name", "count"})
+        fields = self.model_dump(exclude={"name", "count", "vocabulary"})
         # already validated as a whole: build the copies without validating each again (cheap at parse time)
-        return [Feature.model_construct(name=self.name.replace("{i}", str(i)), count=None, **fields)
+        return [Feature.model_construct(name=self.name.replace("{i}", str(i)), count=None,
+                                        vocabulary=self.vocabulary, **fields)
                 for i in range(self.count)]
 
 
+DEFAULT_VOCABULARY = Vocabulary()
+
+
 class Label(Strict):
-    """The target column. `classes` lists the allowed labels of a classification task."""
+    """The target column. Classification: `classes` lists the labels (int or string); regression
+    (`task: regression`, a float label): optional `min`/`max` bounds. Given classes imply classification."""
 
     name: Identifier
-    dtype: Literal["int", "string"] = "int"
-    classes: list[int | str] = Field(min_length=2)
+    task: Literal["classification", "regression"]
+    dtype: Literal["int", "string", "float"]
+    classes: list[int | str] | None = Field(None, min_length=2)
+    allow_missing_classes: bool = Field(False, description="let a run whose data lacks a configured class go on")
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_task(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        value = dict(value)
+        if "task" not in value:
+            if value.get("classes") is not None:
+                value["task"] = "classification"
+            elif value.get("dtype") == "float":
+                value["task"] = "regression"
+            else:
+                raise ValueError("say what is predicted: `classes: [...]` (classification) or `task: regression`")
+        if "dtype" not in value:
+            value["dtype"] = "float" if value["task"] == "regression" else "int"
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> Label:
+        if self.task == "classification":
+            if self.classes is None:
+                raise ValueError("@classes: a classification label needs its classes, e.g. classes: [0, 1]")
+            if self.dtype == "float":
+                raise ValueError("@dtype: a classification label is int or string (a float label is regression)")
+            if self.min is not None or self.max is not None:
+                raise ValueError("min/max bound a regression label; a classification label has classes")
+            if len({str(c) for c in self.classes}) != len(self.classes):
+                raise ValueError("@classes: a class is listed twice")
+            if self.dtype == "int" and not all(isinstance(c, int) for c in self.classes):
+                raise ValueError("@classes: an int label's classes are integers (or set dtype: string)")
+        else:
+            if self.classes is not None:
+                raise ValueError("@classes: a regression label has no classes (remove them, or task: classification)")
+            if self.dtype == "string":
+                raise ValueError("@dtype: a regression label is a number (float or int)")
+            if self.min is not None and self.max is not None and self.min > self.max:
+                raise ValueError(f"min ({self.min}) is greater than max ({self.max})")
+        return self
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes or [])
 
 
 class Window(Strict):
@@ -147,7 +238,8 @@ class Expectations(Strict):
 class DataConfig(Strict):
     source: VolumePath = Field(
         description="folder on the shared volume holding `<partition_key>=YYYY-MM-DD/` partitions")
-    format: Literal["csv"] = "csv"
+    format: Literal["csv", "parquet"] = Field(
+        "csv", description="csv (a header line) or parquet; each partition's files end in .csv / .parquet")
     partition_key: Identifier = "date"
     window: Window | None = None
     label: Label
@@ -274,7 +366,8 @@ class ChangeThreshold(Strict):
 class EvaluationConfig(Strict):
     image: ImageRef = "trainyard/evaluate:0.1.0"  # the trainer's package on a CPU base
     resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
-    metrics: list[Literal["accuracy", "loss", "auc", "precision", "recall"]] = ["accuracy", "loss"]
+    metrics: list[Identifier] | None = Field(
+        None, description="what evaluate computes (default per task: see trainyard_contract.metrics)")
     thresholds: dict[str, Threshold] = {}
     change_threshold: ChangeThreshold | None = None
 
@@ -360,6 +453,18 @@ Schedule = Annotated[
 ]
 
 
+def _unknown_metric(task: str, name: str) -> str:
+    import difflib
+
+    names = sorted(METRICS[task])
+    other = next((t for t in METRICS if t != task and name in METRICS[t]), None)
+    if other:
+        return f"{name!r} is a {other} metric; this {task} pipeline has {names}"
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown metric {name!r} for {task}{hint} (one of {names})"
+
+
 class PipelineConfig(Strict):
     """One pipeline = one DAG. `name` is the DAG id and must match the file name."""
 
@@ -380,6 +485,41 @@ class PipelineConfig(Strict):
     evaluation: EvaluationConfig = shared(EvaluationConfig())
     deploy: DeployConfig = shared(DeployConfig())
     kubernetes: KubernetesConfig = shared(KubernetesConfig())
+
+    @model_validator(mode="after")
+    def _metrics_fit_task(self) -> PipelineConfig:
+        """Every metric, threshold and change threshold names a metric of the task that evaluate computes."""
+        task = self.data.label.task
+        known = METRICS[task]
+        wanted = self.evaluation.metrics
+        for index, name in enumerate(wanted or []):
+            if name not in known:
+                raise ValueError(f"@evaluation.metrics.{index}: {_unknown_metric(task, name)}")
+        computed = self.metric_names
+        for name, bound in self.evaluation.thresholds.items():
+            where = f"@evaluation.thresholds.{name}"
+            if name not in known:
+                raise ValueError(f"{where}: {_unknown_metric(task, name)}")
+            if name not in computed:
+                raise ValueError(f"{where}: {name!r} is not computed: add it to evaluation.metrics "
+                                 f"(now {list(computed)})")
+            problem = impossible_bound(known[name], bound.min, bound.max)
+            if problem:
+                raise ValueError(f"{where}: {problem}")
+        change = self.evaluation.change_threshold
+        if change is not None:
+            if change.metric not in known:
+                raise ValueError(f"@evaluation.change_threshold.metric: {_unknown_metric(task, change.metric)}")
+            if change.metric not in computed:
+                raise ValueError(f"@evaluation.change_threshold.metric: {change.metric!r} is not computed: add it "
+                                 f"to evaluation.metrics (now {list(computed)})")
+        return self
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """What evaluate computes: `evaluation.metrics`, else the task's defaults."""
+        wanted = self.evaluation.metrics
+        return tuple(wanted) if wanted else DEFAULT_METRICS[self.data.label.task]
 
     @field_validator("schedule")
     @classmethod

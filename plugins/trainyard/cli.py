@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -54,20 +55,75 @@ def cmd_check(args: argparse.Namespace) -> int:
     configs, errors = check_folder(paths)
     from trainyard.scaffold import model_module_problem, pairing_problems
 
+    by_name = {path.stem: path for path in paths}
+    buildable = []
+    failed: set[str] = set()
     for config in configs:
         problem = model_module_problem(config.training.model.module)
         if problem is not None:
-            errors.append(f"{config.name}: training.model.module: {problem}")
+            errors.append(f"{module_location(by_name.get(config.name), config)}: training.model.module: {problem}")
+            failed.add(config.name)
+        else:
+            buildable.append(config)
+    if buildable and not args.no_build:
+        built = model_build_problems(buildable, by_name)
+        errors += [line for _, line in built]
+        failed |= {name for name, _ in built}
     if not args.paths:  # the configured folder: each pipeline needs its DAG shim, and each shim its config
         errors += pairing_problems({c.name for c in configs}, dags_folder())
     for line in errors:
         print(line, file=sys.stderr)
     for config in configs:
-        print(f"ok  {config.name}{model_name_note(config)}")
+        if config.name not in failed:
+            print(f"ok  {config.name}{model_name_note(config)}")
     if errors:
         print(f"{len(errors)} error(s) in {len(paths)} file(s)", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def module_location(path: Path | None, config: PipelineConfig) -> str:
+    """`FILE:LINE:COL` of a pipeline's `training.model.module` (or of its file when the default is used)."""
+    from trainyard.config_loader import display_path
+    from trainyard.yaml_source import load_yaml_file
+
+    if path is None:
+        return config.name
+    document = load_yaml_file(path, display_path(path))
+    for loc in (("training", "model", "module"), ("training", "model"), ("training",)):
+        mark = document.mark_for(loc)
+        if mark is not None and loc in document.marks:
+            return str(mark)
+    return f"{display_path(path)}:1:1"
+
+
+def model_build_problems(configs: list[PipelineConfig], paths: dict[str, Path]) -> list[tuple[str, str]]:
+    """Build each model once on a schema made from its config, in one trainer process (TensorFlow never enters
+    this one): a module that fails on the pipeline's features is an error at its config line."""
+    import subprocess
+
+    request = json.dumps([config.model_dump_json() for config in configs])
+    try:
+        done = subprocess.run([sys.executable, "-m", "trainyard_trainer", "check-configs"], input=request,
+                              capture_output=True, text=True, timeout=600, env={**os.environ,
+                                                                               "TF_CPP_MIN_LOG_LEVEL": "3"})
+    except subprocess.TimeoutExpired:
+        return [("", "trainyard check: building the models took over 10 minutes (--no-build skips this step)")]
+    results = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            results[entry["name"]] = entry
+    problems = []
+    for config in configs:
+        entry = results.get(config.name)
+        where = module_location(paths.get(config.name), config)
+        if entry is None:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            problems.append((config.name, f"{where}: training.model.module: the model check did not finish: {tail}"))
+        elif entry["error"]:
+            problems.append((config.name, f"{where}: training.model.module: {entry['error']}"))
+    return problems
 
 
 def dags_folder() -> Path:
@@ -186,20 +242,26 @@ def run_log_path(pipeline: str, when: dt.datetime) -> Path:
     return folder / f"{when.strftime('%Y-%m-%dT%H-%M-%S')}.log"
 
 
+DEFAULT_DAYS = {"digits": 5, "diabetes": 3, "churn": 3}
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     from trainyard_prep import example_data
 
     root = settings.data_dir()
     end = dt.date.fromisoformat(args.end_date) if args.end_date else None
-    if args.dataset == "digits":
-        target = layout.dataset_dir(root, "digits")
+    writers = {"digits": example_data.write_digits, "diabetes": example_data.write_diabetes,
+               "churn": example_data.write_churn}
+    if args.dataset in writers:
+        target = layout.dataset_dir(root, args.name or args.dataset)
         if target.exists() and any(target.iterdir()) and not args.force:
             print(f"trainyard data: {target} already has data (use --force to rewrite)")
             return EXIT_OK
-        paths = example_data.write_digits(target, days=args.days, end=end)
+        paths = writers[args.dataset](target, days=args.days or DEFAULT_DAYS[args.dataset], end=end)
     else:
         target = layout.dataset_dir(root, args.name or "synthetic")
-        paths = example_data.write_synthetic(target, rows=args.rows, features=args.features, days=args.days, end=end)
+        paths = example_data.write_synthetic(target, rows=args.rows, features=args.features, days=args.days or 1,
+                                             end=end, file_format=args.format)
     print(f"trainyard data: wrote {len(paths)} partition file(s) under {target}")
     return EXIT_OK
 
@@ -315,6 +377,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     prediction = answer["predictions"][0]
     print(f"POST {url}")
+    print(f"instance: {json.dumps(instance)}")
+    if "predictions" in smoke:  # regression: the one output is the prediction itself
+        print(f"predicted {float(prediction):.6g}; the evaluator predicted {smoke['predictions'][0]:.6g}")
+        return EXIT_OK
     print(f"predicted class {prediction['classes']!r} (p={max(prediction['probabilities']):.3f}); "
           f"the evaluator expected class id {smoke['class_ids'][0]}")
     return EXIT_OK
@@ -376,19 +442,26 @@ def build_parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="validate pipeline configs (default: the pipelines folder)")
     check.add_argument("paths", nargs="*", help="config files or folders")
+    check.add_argument("--no-build", action="store_true",
+                       help="do not build each model on its config's features (that step imports TensorFlow, "
+                            "in a subprocess: a few seconds)")
     check.set_defaults(func=cmd_check)
     run = commands.add_parser("run", help="run one pipeline end to end through Airflow on the local backend")
     run.add_argument("pipeline", help="pipeline name (the config's file name)")
     run.add_argument("--conf", help="JSON object of trigger parameters, e.g. '{\"steps\": 200}'")
     run.set_defaults(func=cmd_run)
     data = commands.add_parser("data", help="write an example dataset onto the local volume")
-    data.add_argument("dataset", choices=["digits", "synthetic"])
-    data.add_argument("--days", type=int, default=5, help="number of daily partitions")
+    data.add_argument("dataset", choices=["digits", "diabetes", "churn", "synthetic"],
+                      help="digits (classification, CSV), diabetes (regression, CSV), churn (categorical and "
+                           "numeric features, Parquet), synthetic (any size)")
+    data.add_argument("--days", type=int, help="number of daily partitions (digits 5, diabetes and churn 3, "
+                                                "synthetic 1)")
+    data.add_argument("--format", choices=["csv", "parquet"], default="csv", help="synthetic: file format")
     data.add_argument("--end-date", help="date of the last partition (default: yesterday, UTC)")
     data.add_argument("--rows", type=int, default=100_000, help="synthetic: number of rows")
     data.add_argument("--features", type=int, default=16, help="synthetic: number of float features")
-    data.add_argument("--name", help="synthetic: dataset folder name under datasets/")
-    data.add_argument("--force", action="store_true", help="digits: rewrite existing data")
+    data.add_argument("--name", help="dataset folder name under datasets/ (default: the dataset's name)")
+    data.add_argument("--force", action="store_true", help="rewrite existing data (not synthetic: always written)")
     data.set_defaults(func=cmd_data)
     serve = commands.add_parser("serve", help="the local TF Serving API server over the volume's models/")
     serve.add_argument("--grpc-port", type=int, default=8500)

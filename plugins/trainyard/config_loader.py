@@ -107,7 +107,8 @@ def _refine(error: dict[str, Any]) -> dict[str, Any]:
     if error["type"] != "value_error" or not text.startswith("@") or ": " not in text:
         return error
     path, message = text[1:].split(": ", 1)
-    return {**error, "loc": (*error["loc"], *path.split(".")), "ctx": {"error": message}}
+    parts = tuple(int(part) if part.isdigit() else part for part in path.split("."))  # list items by index
+    return {**error, "loc": (*error["loc"], *parts), "ctx": {"error": message}}
 
 
 def _error_line(error: dict[str, Any], sources: Iterable[SourceDocument], fallback: SourceDocument) -> str:

@@ -66,7 +66,7 @@ def render_doc(config: PipelineConfig, source: str, stages: tuple[Stage, ...] = 
 {rows}
 
 * **Data:** `{data.source}` ({data.format}, partitions `{data.partition_key}=YYYY-MM-DD`), {window};
-  {len(data.column_names())} feature column(s), label `{data.label.name}` ({len(data.label.classes)} classes);
+  {len(data.column_names())} feature column(s), label `{data.label.name}` ({describe_label(data.label)});
   eval split {data.split.eval_fraction:.0%}, {data.shards.train} train / {data.shards.eval} eval shard(s).
 * **Training:** `{training.strategy}`, {training.workers.replicas} worker(s), {training.ps.replicas} PS,
   model `{training.model.module}`, {training.steps} steps of batch {training.batch_size}.
@@ -74,6 +74,13 @@ def render_doc(config: PipelineConfig, source: str, stages: tuple[Stage, ...] = 
 
 Trigger with parameters to override steps, learning rate, batch size, replicas or the data window for one run.
 """
+
+
+def describe_label(label: Any) -> str:
+    if label.task == "regression":
+        bounds = "" if label.min is None and label.max is None else f", within [{label.min}, {label.max}]"
+        return f"regression{bounds}"
+    return f"classification, {label.num_classes} classes"
 
 
 def data_asset(schedule: AssetSchedule) -> Asset:

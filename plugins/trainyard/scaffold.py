@@ -76,29 +76,37 @@ def infer(sample: Path, label: str) -> tuple[list[str], list[str], list[str], in
         if name == label:
             continue
         column = frame[name]
+        if column.dropna().nunique() < 2:
+            notes.append(f"left out column {name!r}: it has {column.dropna().nunique()} distinct value(s) in the "
+                         "sample, so it carries no information")
+            continue
+        nullable = ", nullable: true" if column.isna().any() else ""
         if column.dtype.kind not in "biuf":
-            notes.append(f"left out column {name!r}: it holds text, and training takes numeric features only")
+            features.append(f"    - {{name: {name}, dtype: string{nullable}}}  # text: a categorical feature")
             continue
         dtype = "int" if column.dtype.kind in "biu" else "float"
-        parts = [f"name: {name}", f"dtype: {dtype}"]
-        if column.notna().any():
-            parts += [f"min: {yaml_value(float(column.min()))}", f"max: {yaml_value(float(column.max()))}"]
-        if column.isna().any():
-            parts.append("nullable: true")
-        features.append("    - {" + ", ".join(parts) + "}")
+        parts = [f"name: {name}", f"dtype: {dtype}",
+                 f"min: {yaml_value(float(column.min()))}", f"max: {yaml_value(float(column.max()))}"]
+        features.append("    - {" + ", ".join(parts) + nullable + "}")
     if not features:
-        raise ScaffoldError(f"{sample}: no numeric feature column besides the label {label!r}")
+        raise ScaffoldError(f"{sample}: no feature column besides the label {label!r} has two or more values")
     values = frame[label].dropna()
+    if frame[label].isna().any():
+        notes.append(f"the sample has rows without a {label!r} value: validation will reject such rows")
     if values.dtype.kind == "f" and not (values == values.round()).all():
-        raise ScaffoldError(f"label {label!r} holds non-integer numbers: Trainyard trains classifiers; pick a column "
-                            "of class ids or names")
-    classes = sorted(values.astype(int if values.dtype.kind in "biuf" else str).unique().tolist())
+        notes.append(f"label {label!r} holds non-integer numbers: a regression pipeline (task: regression)")
+        labels = [f"    name: {label}", "    task: regression"]
+        notes.append("feature ranges are the sample's min and max: widen them in the config if later data may "
+                     "exceed them")
+        return features, labels, notes, len(frame)
+    text = values.dtype.kind not in "biuf"
+    classes = sorted(values.astype(str if text else int).unique().tolist())
     if len(classes) < 2 or len(classes) > MAX_CLASSES:
         raise ScaffoldError(f"label {label!r} has {len(classes)} distinct value(s) in the sample; a classifier "
                             f"needs 2 to {MAX_CLASSES} classes")
-    if frame[label].isna().any():
-        notes.append(f"the sample has rows without a {label!r} value: validation will reject such rows")
     labels = [f"    name: {label}", f"    classes: [{', '.join(yaml_value(c) for c in classes)}]"]
+    if text:
+        labels.append("    dtype: string")
     notes.append("feature ranges are the sample's min and max: widen them in the config if later data may exceed "
                  "them")
     return features, labels, notes, len(frame)
@@ -133,11 +141,14 @@ training:
   batch_size: 64
   learning_rate: 0.01
 
-evaluation:
-  metrics: [accuracy, loss]
-  thresholds:
-    accuracy: {{min: 0.5}}
-"""
+{evaluation(label)}"""
+
+
+def evaluation(label: list[str]) -> str:
+    """A starting evaluation section for the task the label lines say."""
+    if any("task: regression" in line for line in label):
+        return "evaluation:\n  metrics: [rmse, mae, r2, loss]\n  thresholds:\n    r2: {min: 0.0}\n"
+    return "evaluation:\n  metrics: [accuracy, loss]\n  thresholds:\n    accuracy: {min: 0.5}\n"
 
 
 def models_dir() -> Path:

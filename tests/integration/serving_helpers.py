@@ -30,11 +30,12 @@ def export_tiny_model(target: Path, bias: float = 0.0) -> Path:
     import tensorflow as tf
 
     from trainyard_trainer.export import ServingModule
+    from trainyard_trainer.model_schema import ModelSchema
 
-    inputs = keras.Input(shape=(2,))
-    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    inputs = {"numeric": keras.Input(shape=(2,), name="numeric")}
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs["numeric"]))
     model.set_weights([np.array([[1.0, -1.0], [-1.0, 1.0]], dtype="float32"), np.array([bias, 0.0], dtype="float32")])
-    module = ServingModule(model, SCHEMA)
+    module = ServingModule(model, ModelSchema.from_document(SCHEMA))
     tf.saved_model.save(module, str(target), signatures={"serving_default": module.serve})
     return target
 

@@ -30,16 +30,6 @@ def run_folder(output: str) -> Path:
     return Path(line.split("run folder:", 1)[1].strip())
 
 
-@pytest.fixture
-def serving(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    """The local server over the test volume's models/, on free ports; the deploy step finds it by env."""
-    (data_dir / layout.MODELS).mkdir()
-    server = Server(data_dir / layout.MODELS).start(tmp_path / "serving.log")
-    monkeypatch.setenv("TRAINYARD_SERVING_GRPC", server.grpc)
-    yield server
-    server.stop()
-
-
 def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Path, serving: Server) -> None:
     # five daily partitions ending yesterday; the run's data interval ends now, so a 4-day window
     # ([now - 4 days, now)) holds exactly the last three partitions (1,077 rows, above min_rows: 1000)
@@ -125,7 +115,7 @@ def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path,
     assert summary[-1].startswith("trainyard run: log: ") and "pixel_0: 1 value(s) of the wrong type" in \
         log_file.read_text()
     log = done.stdout + done.stderr
-    assert "pixel_0: 1 value(s) of the wrong type str" in log and "line 2: 'zero'" in log and "not retried" in log
+    assert "pixel_0: 1 value(s) of the wrong type text" in log and "line 2: 'zero'" in log and "not retried" in log
     run_dir = run_folder(done.stdout)
     assert (run_dir / layout.VALIDATION_RESULTS).is_file()
     assert not (run_dir / layout.PREPARED).exists()

@@ -125,10 +125,10 @@ def corrupt(path: Path, how: str) -> None:
     [
         ("missing column", "pixel_5: column is missing (the file has 64 columns)\n"),
         ("renamed column", "pixel_5: column is missing (the file has 65 columns); did you mean 'pixl_5'?"),
-        ("wrong type", "pixel_10: 1 value(s) of the wrong type str (expected one of ['float64', 'float32', "
+        ("wrong type", "pixel_10: 1 value(s) of the wrong type text (expected one of ['float64', 'float32', "
                        "'int64']...), line 4: 'bright'\n"),
-        ("nan", "pixel_20: 1 missing value(s) (empty or NaN cells), at line(s) 6"),
-        ("blank label", "digit: 1 missing value(s) (empty or NaN cells), at line(s) 4\n"),
+        ("nan", "pixel_20: 1 missing value(s) (empty or NaN cells), at line 6"),
+        ("blank label", "digit: 1 missing value(s) (empty or NaN cells), at line 4\n"),
         ("out of range", "pixel_7: 1 value(s) fail expect_column_values_to_be_between (min_value 0.0, max_value "
                          "16.0): line 3: 99.0"),
         ("truncated", "line 600 is truncated: only 33 of 65 fields have values"),

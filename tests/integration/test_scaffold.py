@@ -9,6 +9,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.integration.serving_helpers import Server
@@ -32,7 +33,8 @@ def sample_csv(path: Path) -> Path:
 
     frame = load_breast_cancer(as_frame=True).frame
     frame.columns = [c.replace(" ", "_") for c in frame.columns]
-    frame["clinic"] = "north"  # a text column: left out, and said so
+    frame["clinic"] = "north"  # one value: left out, and said so
+    frame["ward"] = np.where(frame["mean_radius"] > 14, "east", "west")  # text: a categorical feature
     frame.to_csv(path, index=False)
     return path
 
@@ -54,18 +56,23 @@ def test_new_pipeline_from_a_sample_to_a_served_prediction(name: str, pipelines_
         sample = sample_csv(tmp_path / "cancer.csv")
         made = trainyard("new", name, "--from", str(sample), "--label", "target")
         assert made.returncode == 0, made.stderr
-        assert "left out column 'clinic': it holds text" in made.stdout
+        assert "left out column 'clinic': it has 1 distinct value(s) in the sample" in made.stdout
         config = (pipelines_dir / f"{name}.yaml").read_text()
         assert "- {name: mean_radius, dtype: float, min: 6.981, max: 28.11}" in config
+        assert "- {name: ward, dtype: string}  # text: a categorical feature" in config
         assert "classes: [0, 1]" in config and f"module: trainyard_trainer.models.{name}" in config
         assert (dags / f"{name}.py").read_text().count(f'dag_from_config("{name}")') == 1
         assert (layout.dataset_dir(data_dir, name)).is_dir()
         assert trainyard("new", name, "--from", str(sample), "--label", "target").returncode == 2  # no overwrite
 
         checked = trainyard("check")
-        assert checked.returncode == 1  # the example's config has no shim in this dags folder: said so
-        assert checked.stderr.splitlines()[0].startswith("digits: no DAG shim in")
-        (pipelines_dir / "digits.yaml").unlink()
+        assert checked.returncode == 1  # the examples' configs have no shim in this dags folder: said so
+        examples = sorted(p.stem for p in pipelines_dir.glob("[!_]*.yaml") if p.stem != name)
+        assert examples == ["churn", "diabetes", "digits"]
+        assert [line.split(":")[0] for line in checked.stderr.splitlines()[:3]] == examples
+        assert all(" no DAG shim in " in line for line in checked.stderr.splitlines()[:3])
+        for example in examples:
+            (pipelines_dir / f"{example}.yaml").unlink()
         checked = trainyard("check")
         assert checked.returncode == 0 and f"ok  {name}" in checked.stdout, checked.stderr
 
@@ -78,7 +85,9 @@ def test_new_pipeline_from_a_sample_to_a_served_prediction(name: str, pipelines_
         checked = trainyard("check")
         assert checked.returncode == 1
         assert f"{dags / 'orphan.py'}: builds pipeline 'gone', which has no config" in checked.stderr
-        assert f"{name}: training.model.module: {models_dir() / (name + '.py')}:1: does not compile" in checked.stderr
+        line = next(line for line in checked.stderr.splitlines() if "does not compile" in line)
+        assert f"training.model.module: {models_dir() / (name + '.py')}:1: does not compile" in line
+        assert line.startswith(f"{pipelines_dir / (name + '.yaml')}:"), line
     finally:
         server.stop()
 
@@ -88,10 +97,28 @@ def test_new_refuses_what_cannot_work(name: str, pipelines_dir: Path, data_dir: 
 
     sample = tmp_path / "s.csv"
     sample.write_text("price,size\n1.5,3\n2.25,4\n3.75,5\n")
-    with pytest.raises(ScaffoldError, match="label 'price' holds non-integer numbers"):
-        new_pipeline(name, sample, "price", pipelines=pipelines_dir, dags=tmp_path, volume=data_dir)
+    (tmp_path / "one.csv").write_text("price,size\n1.5,3\n2.25,3\n")
+    with pytest.raises(ScaffoldError, match="label 'size' has 1 distinct value"):
+        new_pipeline(name, tmp_path / "one.csv", "size", pipelines=pipelines_dir, dags=tmp_path, volume=data_dir)
     with pytest.raises(ScaffoldError, match="no column 'Size' to use as the label; did you mean 'size'"):
         new_pipeline(name, sample, "Size", pipelines=pipelines_dir, dags=tmp_path, volume=data_dir)
+    with pytest.raises(ScaffoldError, match="no feature column besides the label 'price' has two or more values"):
+        new_pipeline(name, tmp_path / "one.csv", "price", pipelines=pipelines_dir, dags=tmp_path, volume=data_dir)
     with pytest.raises(ScaffoldError, match="'Bad-Name' is not a pipeline name"):
         new_pipeline("Bad-Name", sample, "size", pipelines=pipelines_dir, dags=tmp_path, volume=data_dir)
     assert not (pipelines_dir / f"{name}.yaml").exists() and not (models_dir() / f"{name}.py").exists()
+
+
+def test_a_float_label_makes_a_regression_pipeline(name: str, pipelines_dir: Path, data_dir: Path,
+                                                   tmp_path: Path) -> None:
+    from trainyard.config_loader import load_pipeline_file
+    from trainyard.scaffold import new_pipeline
+
+    sample = tmp_path / "s.csv"
+    sample.write_text("price,size,city\n1.5,3,Lyon\n2.25,4,Oslo\n3.75,5,Lyon\n")
+    written = new_pipeline(name, sample, "price", pipelines=pipelines_dir, dags=tmp_path, volume=data_dir)
+    config = load_pipeline_file(written.config)
+    assert config.data.label.task == "regression" and config.metric_names == ("rmse", "mae", "r2", "loss")
+    assert [(f.name, f.dtype, f.is_categorical) for f in config.data.columns()] == [
+        ("size", "int", False), ("city", "string", True)]
+    assert any("a regression pipeline (task: regression)" in note for note in written.notes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,64 @@ def test_pools_default_and_are_validated(tmp_path: Path) -> None:
     bad = write(tmp_path, "q.yaml", MINIMAL.format(name="q") + "training: {pool: 'gpu pool'}\n")
     (line,) = errors_of(bad)
     assert "training.pool: " in line
+
+
+def _pipeline(label: dict, evaluation: dict | None = None, features: list | None = None) -> dict:
+    return {"name": "t", "data": {"source": "d", "label": label, "features": features or [{"name": "a"}]},
+            "evaluation": evaluation or {}}
+
+
+@pytest.mark.parametrize(("label", "task", "dtype"), [
+    ({"name": "y", "classes": [0, 1]}, "classification", "int"),
+    ({"name": "y", "classes": ["no", "yes"], "dtype": "string"}, "classification", "string"),
+    ({"name": "y", "task": "regression"}, "regression", "float"),
+    ({"name": "y", "dtype": "float"}, "regression", "float"),
+    ({"name": "y", "task": "regression", "dtype": "int", "min": 0}, "regression", "int"),
+])
+def test_the_task_follows_from_the_label(label: dict, task: str, dtype: str) -> None:
+    from trainyard_contract.schema import PipelineConfig
+
+    parsed = PipelineConfig.model_validate(_pipeline(label)).data.label
+    assert (parsed.task, parsed.dtype) == (task, dtype)
+
+
+@pytest.mark.parametrize(("label", "features", "evaluation", "message"), [
+    ({"name": "y"}, None, None, "say what is predicted"),
+    ({"name": "y", "task": "regression", "classes": [0, 1]}, None, None, "a regression label has no classes"),
+    ({"name": "y", "classes": [0, 1], "dtype": "float"}, None, None, "a classification label is int or string"),
+    ({"name": "y", "classes": ["a", "b"]}, None, None, "an int label's classes are integers"),
+    ({"name": "y", "classes": [1, 1]}, None, None, "a class is listed twice"),
+    ({"name": "y", "classes": [0, 1]}, [{"name": "a", "dtype": "float", "kind": "categorical"}], None,
+     "a float feature cannot be categorical"),
+    ({"name": "y", "classes": [0, 1]}, [{"name": "a", "vocabulary": {"min_count": 2}}], None,
+     "only a categorical feature has a vocabulary"),
+    ({"name": "y", "classes": [0, 1]}, None, {"metrics": ["accuracy", "rmse"]}, "'rmse' is a regression metric"),
+    ({"name": "y", "task": "regression"}, None, {"thresholds": {"accuracy": {"min": 0.9}}},
+     "'accuracy' is a classification metric"),
+    ({"name": "y", "classes": [0, 1]}, None, {"thresholds": {"acuracy": {"min": 0.9}}}, "did you mean 'accuracy'?"),
+    ({"name": "y", "classes": [0, 1]}, None, {"thresholds": {"f1": {"min": 0.5}}}, "'f1' is not computed"),
+    ({"name": "y", "classes": [0, 1]}, None, {"metrics": ["accuracy"], "thresholds": {"accuracy": {"min": 90}}},
+     "accuracy is at most 1: min 90 can never hold"),
+    ({"name": "y", "task": "regression"}, None, {"metrics": ["rmse"], "thresholds": {"rmse": {"max": -1}}},
+     "rmse is at least 0: max -1 can never hold"),
+    ({"name": "y", "classes": [0, 1]}, None, {"change_threshold": {"metric": "auc"}}, "'auc' is not computed"),
+])
+def test_a_label_feature_or_metric_that_cannot_work_is_refused(label: dict, features: list | None,
+                                                               evaluation: dict | None, message: str) -> None:
+    from pydantic import ValidationError
+
+    from trainyard_contract.schema import PipelineConfig
+
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        PipelineConfig.model_validate(_pipeline(label, evaluation, features))
+
+
+def test_a_metric_error_is_placed_on_its_line(tmp_path: Path) -> None:
+    from trainyard.config_loader import ConfigError, load_pipeline_file
+
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\ndata:\n  source: d\n  label: {name: y, classes: [0, 1]}\n  features: [{name: a}]\n"
+                    "evaluation:\n  metrics: [accuracy, mse]\n  thresholds:\n    acuracy: {min: 0.9}\n")
+    with pytest.raises(ConfigError) as info:
+        load_pipeline_file(path)
+    assert info.value.lines[0].startswith(f"{path}:7:23: evaluation.metrics.1: 'mse' is a regression metric")

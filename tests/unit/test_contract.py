@@ -22,7 +22,7 @@ IMAGE_PACKAGES = {"trainyard_prep", "trainyard_trainer", "trainyard_serving"}
 # import name -> the distribution (pip line or base image) that brings it
 HEAVY = {"tensorflow": "tensorflow", "keras": "tensorflow", "great_expectations": "great-expectations",
          "pandas": "pandas", "tensorflow_serving": "tensorflow-serving-api", "sklearn": "scikit-learn",
-         "tensorboard": "tensorboard", "yaml": "pyyaml"}
+         "tensorboard": "tensorboard", "yaml": "pyyaml", "pyarrow": "pyarrow"}
 BASE_IMAGES = {"tensorflow/tensorflow": {"tensorflow"}, "python": set()}
 
 IMPORT_ALL = r"""
@@ -110,4 +110,4 @@ def test_the_contract_builds_as_a_package_of_its_own(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("trainyard_contract-*.whl")
     modules = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".py")}
     expected = {f"trainyard_contract/{p.name}" for p in (REPO / "contract" / "trainyard_contract").glob("*.py")}
-    assert modules == expected and len(expected) == 8
+    assert modules == expected and len(expected) == 9

@@ -96,3 +96,66 @@ def test_metrics_match_scikit_learn() -> None:
     scores = np.array([0.1, 0.4, 0.4, 0.8])
     assert binary_auc(scores, np.array([False, True, False, True])) == pytest.approx(0.875)
     assert binary_auc(scores, np.array([True] * 4)) is None
+
+
+def test_every_declared_metric_is_computed_and_nothing_else() -> None:
+    from trainyard_contract.metrics import METRICS
+    from trainyard_trainer.metrics import COMPUTE
+
+    assert {task: set(specs) for task, specs in METRICS.items()} == {task: set(f) for task, f in COMPUTE.items()}
+
+
+def test_binary_auc_is_of_the_positive_class_and_f1_is_macro() -> None:
+    from sklearn.metrics import f1_score, precision_recall_fscore_support
+
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 2, size=400)
+    positive = np.clip(0.5 + (labels - 0.5) * 0.3 + rng.normal(scale=0.25, size=400), 0, 1)
+    probabilities = np.stack([1 - positive, positive], axis=1)
+    values = classification_metrics(labels, probabilities, ["auc", "f1"])
+    assert values["auc"] == pytest.approx(roc_auc_score(labels, positive), abs=1e-6)
+    assert values["f1"] == pytest.approx(f1_score(labels, probabilities.argmax(1), average="macro"), abs=1e-6)
+    from trainyard_trainer.metrics import ClassificationScores
+
+    table = ClassificationScores(labels, probabilities).per_class(["no", "yes"])
+    precision, recall, f1, support = precision_recall_fscore_support(labels, probabilities.argmax(1))
+    assert [row["support"] for row in table] == support.tolist()
+    assert [row["f1"] for row in table] == pytest.approx(f1.tolist(), abs=1e-6)
+
+
+def test_regression_metrics_match_scikit_learn() -> None:
+    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
+
+    from trainyard_trainer.metrics import regression_metrics
+
+    rng = np.random.default_rng(5)
+    labels = rng.normal(150, 60, size=300)
+    predictions = labels + rng.normal(0, 30, size=300)
+    values = regression_metrics(labels, predictions, ["mse", "rmse", "mae", "r2", "loss"])
+    assert values["mse"] == pytest.approx(mean_squared_error(labels, predictions), rel=1e-6)
+    assert values["rmse"] == pytest.approx(np.sqrt(mean_squared_error(labels, predictions)), rel=1e-6)
+    assert values["mae"] == pytest.approx(mean_absolute_error(labels, predictions), rel=1e-6)
+    assert values["r2"] == pytest.approx(r2_score(labels, predictions), abs=1e-6)
+    assert values["loss"] == values["mse"]
+
+
+def regression_config(**evaluation: object) -> PipelineConfig:
+    return PipelineConfig.model_validate({
+        "name": "r", "evaluation": evaluation,
+        "data": {"source": "d", "label": {"name": "y", "task": "regression"}, "features": [{"name": "a"}]},
+    })
+
+
+def test_regression_errors_are_lower_is_better_against_the_champion() -> None:
+    by_rmse = regression_config(metrics=["rmse", "r2"], change_threshold={"metric": "rmse", "min_delta": 1.0})
+    assert by_rmse.metric_names == ("rmse", "r2")
+    served = {"version": 2, "metrics": {"rmse": 50.0}}
+    assert decide(by_rmse, {"challenger": {"rmse": 45.0, "r2": 0.5}, "champion": served}, False)["deploy"]
+    assert not decide(by_rmse, {"challenger": {"rmse": 49.5, "r2": 0.5}, "champion": served}, False)["deploy"]
+    assert not decide(by_rmse, {"challenger": {"rmse": 55.0, "r2": 0.5}, "champion": served}, False)["deploy"]
+    assert regression_config().metric_names == ("rmse", "mae", "loss")
+
+
+def test_a_nan_metric_fails_its_threshold_with_a_reason() -> None:
+    nan = decide(STRICT, {"challenger": {"accuracy": float("nan"), "loss": 0.3}, "champion": None}, False)
+    assert nan["deploy"] is False and nan["reasons"] == ["accuracy: undefined on this eval split (NaN)"]

@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 
-from trainyard_contract.schema import Feature
 from trainyard_prep.encoding import NumericExampleEncoder, ProtoExampleEncoder, varint_encode
 
 
@@ -32,35 +31,51 @@ def test_varint_matches_protobuf(value: int) -> None:
 def test_numeric_encoder_matches_protobuf_serializer() -> None:
     rng = np.random.default_rng(0)
     n = 300
-    features = [Feature(name="x", dtype="float"), Feature(name="count_of_things", dtype="int"),
-                Feature(name="a_long_feature_name_" + "z" * 60, dtype="float")]
+    features = [("x", "float"), ("count_of_things", "int"), ("a_long_feature_name_" + "z" * 60, "float")]
     frame = pd.DataFrame({
         "x": rng.normal(size=n).astype(np.float32),
         "count_of_things": rng.integers(-(2**40), 2**40, size=n),
-        features[2].name: rng.uniform(-1e6, 1e6, size=n),
+        features[2][0]: rng.uniform(-1e6, 1e6, size=n),
     })
     frame.loc[3, "count_of_things"] = 0
     frame.loc[4, "x"] = np.nan
     labels = rng.integers(0, 200, size=n)
-    fast = NumericExampleEncoder(features, "label").encode(frame, labels)
-    slow = ProtoExampleEncoder(features, "label").encode(frame, labels)
+    frame["label"] = labels
+    columns = [*features, ("label", "int")]
+    fast = NumericExampleEncoder(columns).encode(frame)
+    slow = ProtoExampleEncoder(columns).encode(frame)
     assert len(fast) == len(slow) == n
     for a, b in zip(fast, slow, strict=True):
         assert tf.train.Example.FromString(a) == tf.train.Example.FromString(b)
     spec = {"x": tf.io.FixedLenFeature([], tf.float32), "count_of_things": tf.io.FixedLenFeature([], tf.int64),
-            features[2].name: tf.io.FixedLenFeature([], tf.float32), "label": tf.io.FixedLenFeature([], tf.int64)}
+            features[2][0]: tf.io.FixedLenFeature([], tf.float32), "label": tf.io.FixedLenFeature([], tf.int64)}
     parsed = tf.io.parse_example(tf.constant(fast), spec)
     np.testing.assert_array_equal(parsed["count_of_things"].numpy(), frame["count_of_things"].to_numpy())
     np.testing.assert_array_equal(parsed["label"].numpy(), labels)
-    np.testing.assert_allclose(parsed[features[2].name].numpy(), frame[features[2].name].to_numpy(np.float32))
+    np.testing.assert_allclose(parsed[features[2][0]].numpy(), frame[features[2][0]].to_numpy(np.float32))
 
 
 def test_single_layout_fast_path_matches_protobuf() -> None:
     rng = np.random.default_rng(2)
-    features = [Feature(name=f"pixel_{i}", dtype="float") for i in range(5)]
-    frame = pd.DataFrame({f.name: rng.uniform(0, 16, size=50) for f in features})
-    labels = rng.integers(0, 10, size=50)  # every varint one byte: one layout for all rows
-    fast = NumericExampleEncoder(features, "digit").encode(frame, labels)
-    slow = ProtoExampleEncoder(features, "digit").encode(frame, labels)
+    columns = [(f"pixel_{i}", "float") for i in range(5)] + [("digit", "int")]
+    frame = pd.DataFrame({name: rng.uniform(0, 16, size=50) for name, _ in columns[:-1]})
+    frame["digit"] = rng.integers(0, 10, size=50)  # every varint one byte: one layout for all rows
+    fast = NumericExampleEncoder(columns).encode(frame)
+    slow = ProtoExampleEncoder(columns).encode(frame)
     assert len({len(record) for record in fast}) == 1
     assert [tf.train.Example.FromString(a) for a in fast] == [tf.train.Example.FromString(b) for b in slow]
+
+
+def test_a_float_label_and_string_features_round_trip_through_parse_example() -> None:
+    frame = pd.DataFrame({"city": ["Lyon", "", "Zürich"], "spend": [1.5, np.nan, -2.0], "y": [0.25, 10.0, -3.5]})
+    columns = [("city", "string"), ("spend", "float"), ("y", "float")]
+    records = ProtoExampleEncoder(columns).encode(frame)
+    spec = {"city": tf.io.FixedLenFeature([], tf.string), "spend": tf.io.FixedLenFeature([], tf.float32),
+            "y": tf.io.FixedLenFeature([], tf.float32)}
+    parsed = tf.io.parse_example(tf.constant(records), spec)
+    assert [v.decode() for v in parsed["city"].numpy()] == ["Lyon", "", "Zürich"]
+    assert np.isnan(parsed["spend"].numpy()[1])
+    np.testing.assert_allclose(parsed["y"].numpy(), [0.25, 10.0, -3.5])
+    numeric = NumericExampleEncoder(columns[1:]).encode(frame)
+    assert [tf.train.Example.FromString(a) for a in numeric] == [
+        tf.train.Example.FromString(b) for b in ProtoExampleEncoder(columns[1:]).encode(frame)]

@@ -4,7 +4,9 @@ Building one Example proto per row in Python costs tens of microseconds per row 
 For scalar numeric features (the common tabular case) the wire format is a fixed template per column with only the
 value bytes changing, so `NumericExampleEncoder` writes whole chunks with numpy: each column's key/length prefix and
 its little-endian float32 or varint int64 value go straight into one byte buffer. Schemas with string features fall
-back to the protobuf API. Both produce Examples that `tf.io.parse_example` reads identically (tested against
+back to the protobuf API. Columns are (name, dtype) pairs in the stored dtypes (`Feature.stored_dtype`, and the
+label's: int class index or float value), the label last; frames hold them already typed. Both produce
+Examples that `tf.io.parse_example` reads identically (tested against
 protobuf's own serializer in tests/unit/test_encoding.py).
 """
 
@@ -19,7 +21,6 @@ import numpy as np
 import pandas as pd
 
 from trainyard_contract.runtime import StageError
-from trainyard_contract.schema import Feature
 
 
 def varint_encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -39,37 +40,40 @@ def _varint_bytes(value: int) -> bytes:
     return bytes(groups[0, : lengths[0]])
 
 
+Columns = Sequence[tuple[str, str]]
+
+
 class NumericExampleEncoder:
-    """Vectorised Example encoder for scalar float/int features and an int64 label.
+    """Vectorised Example encoder for scalar float/int columns.
 
     Rows whose int values have the same varint lengths share one byte layout (with small labels and no int
     features, that is every row). Per layout a template row is built once, then each column's value bytes are
     written into a (rows, width) matrix with contiguous slice assignments, and the records are its rows.
     """
 
-    def __init__(self, features: Sequence[Feature], label: str):
-        self.columns = [(f.name, f.dtype) for f in features] + [(label, "int")]
+    def __init__(self, columns: Columns):
+        self.columns = list(columns)
         for name, _ in self.columns:
             if len(name.encode()) > 100:
                 raise StageError(f"feature name {name[:20]}... is longer than 100 bytes")
 
-    def _column_values(self, frame: pd.DataFrame, labels: np.ndarray) -> list[np.ndarray]:
+    def _column_values(self, frame: pd.DataFrame) -> list[np.ndarray]:
         values = []
-        for index, (name, dtype) in enumerate(self.columns):
+        for name, dtype in self.columns:
             if dtype == "float":
                 values.append(frame[name].to_numpy(dtype=np.float32).astype("<f4").view(np.uint8).reshape(-1, 4))
                 continue
-            column = labels if index == len(self.columns) - 1 else frame[name]
-            if isinstance(column, pd.Series) and column.isna().any():
-                raise StageError(f"{name}: int feature has empty values; declare it as dtype float")
+            column = frame[name]
+            if column.isna().any():
+                raise StageError(f"{name}: int column has empty values; declare it nullable (or dtype float)")
             values.append(np.asarray(column, dtype=np.int64))
         return values
 
-    def encode(self, frame: pd.DataFrame, labels: np.ndarray) -> list[bytes]:
+    def encode(self, frame: pd.DataFrame) -> list[bytes]:
         n = len(frame)
         if n == 0:
             return []
-        values = self._column_values(frame, labels)
+        values = self._column_values(frame)
         varints = {i: varint_encode(v) for i, v in enumerate(values) if v.dtype == np.int64}
         lengths_by_row = np.stack([lengths for _, lengths in varints.values()], axis=1) if varints else (
             np.zeros((n, 0), dtype=np.int64))
@@ -123,37 +127,35 @@ class NumericExampleEncoder:
 class ProtoExampleEncoder:
     """The general path (any dtype, strings included) through the protobuf API; slower, one proto per row."""
 
-    def __init__(self, features: Sequence[Feature], label: str):
-        self.features = list(features)
-        self.label = label
+    def __init__(self, columns: Columns):
+        self.columns = list(columns)
 
-    def encode(self, frame: pd.DataFrame, labels: np.ndarray) -> list[bytes]:
+    def encode(self, frame: pd.DataFrame) -> list[bytes]:
         import tensorflow as tf
 
         out = []
-        columns = {f.name: frame[f.name].tolist() for f in self.features}
+        values = {name: frame[name].tolist() for name, _ in self.columns}
         for row in range(len(frame)):
             feature = {}
-            for f in self.features:
-                value = columns[f.name][row]
-                if f.dtype == "float":
-                    feature[f.name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
-                elif f.dtype == "int":
-                    feature[f.name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
+            for name, dtype in self.columns:
+                value = values[name][row]
+                if dtype == "float":
+                    feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
+                elif dtype == "int":
+                    feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
                 else:
                     text = "" if value is None or (isinstance(value, float) and np.isnan(value)) else str(value)
-                    feature[f.name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()]))
-            feature[self.label] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(labels[row])]))
+                    feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()]))
             out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
         return out
 
 
 class ExampleEncoder:
-    """Picks the fast numeric encoder when every feature is numeric; writes records to TFRecord files."""
+    """Picks the fast numeric encoder when every column is numeric; writes records to TFRecord files."""
 
-    def __init__(self, features: Sequence[Feature], label: str):
-        numeric = all(f.dtype in ("float", "int") for f in features)
-        self.impl = NumericExampleEncoder(features, label) if numeric else ProtoExampleEncoder(features, label)
+    def __init__(self, columns: Columns):
+        numeric = all(dtype in ("float", "int") for _, dtype in columns)
+        self.impl = NumericExampleEncoder(columns) if numeric else ProtoExampleEncoder(columns)
 
     @contextmanager
     def open_writers(self, paths: Sequence[Path]) -> Iterator[list[Any]]:
@@ -169,8 +171,8 @@ class ExampleEncoder:
             for writer in writers:
                 writer.close()
 
-    def write(self, writer: Any, frame: pd.DataFrame, labels: np.ndarray) -> int:
-        records = self.impl.encode(frame, labels)
+    def write(self, writer: Any, frame: pd.DataFrame) -> int:
+        records = self.impl.encode(frame)
         for record in records:
             writer.write(record)
         return len(records)

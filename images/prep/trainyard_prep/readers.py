@@ -1,4 +1,9 @@
-"""Chunked CSV reading with errors that name the file and the problem (empty, truncated, malformed)."""
+"""Chunked reading of CSV and Parquet files with errors that name the file and the problem.
+
+Both readers yield pandas frames whose index is the 0-based row number within the file, and record in the
+frame's attrs the file's header and how a row is named in messages: `line N` for CSV (line 1 is the header),
+`row N` for Parquet. Memory is bounded by the chunk size either way (Parquet is read one record batch at a time).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,70 @@ from pathlib import Path
 import pandas as pd
 
 from trainyard_contract.runtime import StageError
+from trainyard_contract.schema import DataConfig
 
 
-def read_chunks(path: Path, chunk_rows: int, columns: list[str] | None = None) -> Iterator[tuple[pd.DataFrame, int]]:
-    """Yield (frame, bytes read) for each chunk of `path`.
+def read_chunks(path: Path, chunk_rows: int, columns: list[str] | None = None,
+                text_columns: frozenset[str] = frozenset()) -> Iterator[tuple[pd.DataFrame, int]]:
+    """Yield (frame, bytes read) for each chunk of `path`, a `.csv` or `.parquet` file.
 
-    Memory is bounded by `chunk_rows`. The frame's index is the 0-based row number within the file, so
-    `index + 2` is the line number (line 1 is the header).
+    `text_columns` are read as text from CSV (a string column of digits stays "007", not 7).
     """
+    if path.suffix == ".parquet":
+        yield from read_parquet_chunks(path, chunk_rows, columns)
+        return
+    yield from read_csv_chunks(path, chunk_rows, columns, text_columns)
+
+
+def _object_text(chunk: pd.DataFrame) -> pd.DataFrame:
+    """Text columns as object dtype: pandas 3 reads text as its `str` dtype, which Great Expectations 1.x's
+    type expectations do not recognise under any name; object columns of Python str it checks as "object"."""
+    for name in chunk.columns:
+        if isinstance(chunk[name].dtype, pd.StringDtype):
+            chunk[name] = chunk[name].astype(object)
+    return chunk
+
+
+def row_name(chunk: pd.DataFrame, index: int) -> str:
+    """How a message names row `index` (0-based within its file) of a chunk: `line 4` (CSV) or `row 3`."""
+    if chunk.attrs.get("format") == "parquet":
+        return f"row {int(index) + 1}"
+    return f"line {int(index) + 2}"
+
+
+def read_parquet_chunks(path: Path, chunk_rows: int,
+                        columns: list[str] | None = None) -> Iterator[tuple[pd.DataFrame, int]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.stat().st_size == 0:
+        raise StageError(f"{path.name}: file is empty (0 bytes; expected a Parquet file)")
+    try:
+        handle = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise StageError(f"{path.name}: not a readable Parquet file: {str(exc).splitlines()[0]}") from None
+    header = list(handle.schema_arrow.names)
+    wanted = [c for c in header if columns is None or c in set(columns)]
+    total_rows = max(handle.metadata.num_rows, 1)
+    size = path.stat().st_size
+    rows_seen = 0
+    try:
+        for batch in handle.iter_batches(batch_size=chunk_rows, columns=wanted):
+            chunk = _object_text(batch.to_pandas())
+            chunk.index = pd.RangeIndex(rows_seen, rows_seen + len(chunk))
+            chunk.attrs["header"] = header
+            chunk.attrs["format"] = "parquet"
+            rows_seen += len(chunk)
+            yield chunk, int(size * len(chunk) / total_rows)
+    except (pa.ArrowException, OSError) as exc:
+        raise StageError(f"{path.name}: cannot read Parquet rows after row {rows_seen}: "
+                         f"{str(exc).splitlines()[0]}") from None
+    if rows_seen == 0:
+        raise StageError(f"{path.name}: has a schema but no data rows")
+
+
+def read_csv_chunks(path: Path, chunk_rows: int, columns: list[str] | None = None,
+                    text_columns: frozenset[str] = frozenset()) -> Iterator[tuple[pd.DataFrame, int]]:
     if path.stat().st_size == 0:
         raise StageError(f"{path.name}: file is empty (0 bytes; expected a CSV header and rows)")
     usecols = None
@@ -27,9 +88,13 @@ def read_chunks(path: Path, chunk_rows: int, columns: list[str] | None = None) -
         position = 0
         rows_seen = 0
         try:
-            reader = pd.read_csv(handle, chunksize=chunk_rows, usecols=usecols, encoding="utf-8")
+            text = {c: str for c in header if c in text_columns}
+            reader = pd.read_csv(handle, chunksize=chunk_rows, usecols=usecols, encoding="utf-8", dtype=text or None,
+                                 keep_default_na=True)
             for chunk in reader:
+                chunk = _object_text(chunk)
                 chunk.attrs["header"] = header  # the file's own columns, also those not read
+                chunk.attrs["format"] = "csv"
                 now = handle.tell()
                 yield chunk, max(now - position, 0)
                 position = now
@@ -50,8 +115,16 @@ def header_of(chunk: pd.DataFrame) -> list[str]:
 
 
 def truncated_rows(chunk: pd.DataFrame) -> pd.Index:
-    """Rows whose last two or more fields are all missing: what a line cut short (a partial write) looks like."""
-    if chunk.shape[1] < 3:
+    """Rows whose last two or more fields are all missing: what a CSV line cut short (a partial write) looks like."""
+    if chunk.shape[1] < 3 or chunk.attrs.get("format") == "parquet":
         return chunk.index[:0]
     trailing = chunk.iloc[:, ::-1].isna().cummin(axis=1).sum(axis=1)
     return chunk.index[trailing >= 2]
+
+
+def text_columns(data: DataConfig) -> frozenset[str]:
+    """Columns read as text: string features and a string label."""
+    names = {f.name for f in data.columns() if f.dtype == "string"}
+    if data.label.dtype == "string":
+        names.add(data.label.name)
+    return frozenset(names)

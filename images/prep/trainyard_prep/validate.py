@@ -23,12 +23,26 @@ from trainyard_contract.atomic import staged_dir, write_json
 from trainyard_contract.runtime import Progress, StageError
 from trainyard_contract.schema import DataConfig, PipelineConfig
 from trainyard_prep.datadocs import make_offline
-from trainyard_prep.readers import header_of, read_chunks, truncated_rows
+from trainyard_prep.readers import header_of, read_chunks, row_name, text_columns, truncated_rows
 
 NUMERIC_TYPES = {"float": ["float64", "float32", "int64", "int32", "int16", "int8", "Float64", "Int64"],
                  "int": ["int64", "int32", "int16", "int8", "Int64"]}
 STRING_TYPES = ["object", "str", "string", "StringDtype"]
 SITE_NAME = "trainyard_run"
+FINITE = 1e300  # bounds of a regression label without min/max: any finite number
+
+
+def missing_classes(data: DataConfig, counts: dict[str, int]) -> str | None:
+    """A problem line when a configured class never occurs in the run's data (unless allowed)."""
+    label = data.label
+    if label.task != "classification" or label.allow_missing_classes:
+        return None
+    absent = [c for c in label.classes or [] if counts.get(str(c), 0) == 0]
+    if not absent:
+        return None
+    table = ", ".join(f"{c}: {counts.get(str(c), 0)}" for c in label.classes or [])
+    return (f"{label.name}: class(es) {absent} never occur in the data (rows per class: {table}); add data "
+            f"that has them, remove them from data.label.classes, or set data.label.allow_missing_classes: true")
 
 
 def build_suite(data: DataConfig, name: str) -> gx.ExpectationSuite:
@@ -53,12 +67,19 @@ def build_suite(data: DataConfig, name: str) -> gx.ExpectationSuite:
             suite.add_expectation(E.ExpectColumnValuesToBeInSet(column=name_, value_set=list(feature.allowed)))
     suite.add_expectation(E.ExpectColumnToExist(column=label.name))
     suite.add_expectation(E.ExpectColumnValuesToNotBeNull(column=label.name))
+    if label.task == "regression":
+        suite.add_expectation(E.ExpectColumnValuesToBeInTypeList(column=label.name, type_list=NUMERIC_TYPES["float"]))
+        # finite, and within the configured bounds: an inf label fails here, by GE, with its rows named
+        low = label.min if label.min is not None else -FINITE
+        high = label.max if label.max is not None else FINITE
+        suite.add_expectation(E.ExpectColumnValuesToBeBetween(column=label.name, min_value=low, max_value=high))
+        return suite
     suite.add_expectation(
         E.ExpectColumnValuesToBeInTypeList(
             column=label.name, type_list=STRING_TYPES if label.dtype == "string" else NUMERIC_TYPES["int"]
         )
     )
-    suite.add_expectation(E.ExpectColumnValuesToBeInSet(column=label.name, value_set=list(label.classes)))
+    suite.add_expectation(E.ExpectColumnValuesToBeInSet(column=label.name, value_set=list(label.classes or [])))
     return suite
 
 
@@ -74,12 +95,13 @@ class FileReport:
                 "problems": self.problems}
 
 
-def _lines(index: pd.Index, values: pd.Series | None = None, limit: int = 3) -> str:
-    """`line 4: 99, line 9: 120` (with values) or `line(s) 4, 9` for the first rows of `index`."""
+def _lines(index: pd.Index, chunk: pd.DataFrame, values: pd.Series | None = None, limit: int = 3) -> str:
+    """`line 4: 99, line 9: 120` (with values) or `line 4, line 9` for the first rows of `index` (`row N` for
+    Parquet)."""
     rows = list(index[:limit])
     if values is None:
-        return "line(s) " + ", ".join(str(int(i) + 2) for i in rows)
-    return ", ".join(f"line {int(i) + 2}: {_plain(values[i])!r}" for i in rows)
+        return ", ".join(row_name(chunk, i) for i in rows)
+    return ", ".join(f"{row_name(chunk, i)}: {_plain(values[i])!r}" for i in rows)
 
 
 def _plain(value: Any) -> Any:
@@ -133,8 +155,10 @@ def _describe(result: Any, chunk: pd.DataFrame, truncated: pd.Index, header: lis
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"{column}: column is missing (the file has {len(header)} columns){hint}"
     if kind == "expect_column_values_to_be_in_type_list":
-        observed = details.get("observed_value")
         values = chunk[column]
+        observed = details.get("observed_value") or values.dtype.name
+        if observed in ("object", "str") and values.map(lambda v: isinstance(v, str)).any():
+            observed = "text"
         bad = pd.to_numeric(values, errors="coerce").isna() & values.notna()
         if not bad.any():
             if values.isna().any():
@@ -142,12 +166,12 @@ def _describe(result: Any, chunk: pd.DataFrame, truncated: pd.Index, header: lis
             return f"{column}: wrong type {observed} (expected one of {config.kwargs['type_list'][:3]}...)"
         rows = values.index[bad]
         return (f"{column}: {len(rows)} value(s) of the wrong type {observed} (expected one of "
-                f"{config.kwargs['type_list'][:3]}...), {_lines(rows, values)}")
+                f"{config.kwargs['type_list'][:3]}...), {_lines(rows, chunk, values)}")
     if kind == "expect_column_values_to_not_be_null":
         empty = chunk.index[chunk[column].isna()].difference(truncated)
         if empty.empty:
             return None  # only truncated rows, reported on their own
-        return f"{column}: {len(empty)} missing value(s) (empty or NaN cells), at {_lines(empty)}"
+        return f"{column}: {len(empty)} missing value(s) (empty or NaN cells), at {_lines(empty, chunk)}"
     if kind == "expect_column_values_to_be_between" and not _all_numbers(chunk[column]):
         return None  # values of the wrong type: reported by the type expectation, with their lines
     failing = _failing(kind, config.kwargs, chunk[column])
@@ -156,7 +180,7 @@ def _describe(result: Any, chunk: pd.DataFrame, truncated: pd.Index, header: lis
         bounds = {k: config.kwargs[k] for k in ("min_value", "max_value", "value_set") if config.kwargs.get(k)
                   is not None}
         rule = ", ".join(f"{k} {v!r}" for k, v in bounds.items())
-        return f"{column}: {len(rows)} value(s) fail {kind} ({rule}): {_lines(rows, chunk[column])}"
+        return f"{column}: {len(rows)} value(s) fail {kind} ({rule}): {_lines(rows, chunk, chunk[column])}"
     count = details.get("unexpected_count")
     sample = details.get("partial_unexpected_list") or []
     counted = f"{count} value(s)" if count is not None else "values"
@@ -204,6 +228,8 @@ def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineCo
     reports: list[FileReport] = []
     progress = Progress("validate")
     expected = [c.name for c in config.data.columns()] + [config.data.label.name]
+    text = text_columns(config.data)
+    class_counts: dict[str, int] = {}
     with staged_dir(run_dir / layout.VALIDATION) as out:
         runner = SuiteRunner(config, out / layout.DATA_DOCS.name, run_id)
         for entry in manifest["files"]:
@@ -211,8 +237,11 @@ def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineCo
             reports.append(report)
             path = run_dir / entry["snapshot"]
             try:
-                for chunk, nbytes in read_chunks(path, config.prep.chunk_rows, expected):
+                for chunk, nbytes in read_chunks(path, config.prep.chunk_rows, expected, text):
                     report.chunks += 1
+                    if config.data.label.task == "classification" and config.data.label.name in chunk.columns:
+                        for value, count in chunk[config.data.label.name].astype(str).value_counts().items():
+                            class_counts[value] = class_counts.get(value, 0) + int(count)
                     report.rows += len(chunk)
                     progress.add(len(chunk), nbytes)
                     result = runner.validate(chunk, f"{Path(entry['source']).parent.name}-{path.name}-{report.chunks}")
@@ -220,7 +249,8 @@ def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineCo
                     for index in truncated[:5]:
                         filled = int(chunk.loc[index].notna().sum())
                         report.problems.append(
-                            f"line {int(index) + 2} is truncated: only {filled} of {chunk.shape[1]} fields have values"
+                            f"{row_name(chunk, index)} is truncated: only {filled} of {chunk.shape[1]} fields have "
+                            "values"
                         )
                     for item in result.results:
                         if not item.success:
@@ -236,6 +266,9 @@ def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineCo
             table_problems.append(f"{total} row(s) in total, fewer than data.expectations.min_rows={limits.min_rows}")
         if limits.max_rows is not None and total > limits.max_rows:
             table_problems.append(f"{total} row(s) in total, more than data.expectations.max_rows={limits.max_rows}")
+        absent = missing_classes(config.data, class_counts)
+        if absent:
+            table_problems.append(absent)
         runner.build_docs()
         make_offline(out / layout.DATA_DOCS.name)
         success = not table_problems and all(not r.problems for r in reports)
@@ -245,6 +278,7 @@ def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineCo
             "files": [r.as_dict() for r in reports],
             "table_problems": table_problems,
             "expectations": len(runner.suite.expectations),
+            "label_counts": class_counts or None,
             "data_docs": layout.DATA_DOCS_INDEX.relpath,
             "throughput": progress.done(),
         }

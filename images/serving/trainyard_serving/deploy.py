@@ -208,13 +208,36 @@ def smoke_test(channel: grpc.Channel, name: str, version: int, smoke: dict[str, 
         response = stub.Predict(request, timeout=30)
     except grpc.RpcError as exc:
         raise DeployFailed(f"smoke test Predict failed: {exc.code().name}: {exc.details()}") from None
-    class_ids = tf.make_ndarray(response.outputs["class_ids"]).tolist()
-    probabilities = tf.make_ndarray(response.outputs["probabilities"])
-    difference = first_difference(class_ids, probabilities, smoke)
+    if "predictions" in smoke:  # regression
+        if "predictions" not in response.outputs:
+            raise DeployFailed(f"smoke test: the served version {version} has no 'predictions' output")
+        predictions = tf.make_ndarray(response.outputs["predictions"])
+        difference = first_prediction_difference(predictions, smoke)
+        answered = len(predictions)
+    else:
+        class_ids = tf.make_ndarray(response.outputs["class_ids"]).tolist()
+        probabilities = tf.make_ndarray(response.outputs["probabilities"])
+        difference = first_difference(class_ids, probabilities, smoke)
+        answered = len(class_ids)
     if difference is not None:
         raise DeployFailed(f"smoke test: the served version {version} answers differently from the evaluator: "
                            f"{difference}")
-    return len(class_ids)
+    return answered
+
+
+def first_prediction_difference(predictions: np.ndarray, smoke: dict[str, Any]) -> str | None:
+    """Where served regression predictions first leave the evaluator's by more than the tolerance (relative to
+    the value's size, absolute near zero)."""
+    expected = np.asarray(smoke["predictions"], dtype=np.float64)
+    if len(predictions) != len(expected):
+        return f"{len(predictions)} predictions for {len(expected)} examples"
+    allowed = SMOKE_TOLERANCE * np.maximum(1.0, np.abs(expected))
+    far = np.flatnonzero(~(np.abs(predictions.astype(np.float64) - expected) <= allowed))  # NaN counts as far
+    if far.size:
+        row = int(far[0])
+        return (f"example {row}: prediction {float(predictions[row]):.6g}, the evaluator's {expected[row]:.6g} "
+                f"(tolerance {SMOKE_TOLERANCE} x max(1, |value|))")
+    return None
 
 
 def first_difference(class_ids: list[int], probabilities: np.ndarray, smoke: dict[str, Any]) -> str | None:

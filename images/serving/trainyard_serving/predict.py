@@ -80,6 +80,22 @@ def contains_bool(value: Any) -> bool:
     return isinstance(value, list) and any(contains_bool(v) for v in value)
 
 
+def contains_null(value: Any) -> bool:
+    if value is None:
+        return True
+    return isinstance(value, list) and any(contains_null(v) for v in value)
+
+
+def nulls_as_nan(value: Any) -> Any:
+    """JSON null -> NaN in a float input (nested lists, depth already bounded); other values unchanged, so a
+    string stays a string and is refused as one."""
+    if value is None:
+        return float("nan")
+    if isinstance(value, list):
+        return [nulls_as_nan(v) for v in value]
+    return value
+
+
 def check_inputs(model: LoadedVersion, columns: dict[str, Any], limits: Limits,
                  json_booleans: bool = False) -> dict[str, tf.Tensor]:
     """Named columns (arrays, or JSON lists) -> tensors of the signature's dtypes, or BadRequest saying why.
@@ -98,10 +114,14 @@ def check_inputs(model: LoadedVersion, columns: dict[str, Any], limits: Limits,
             if spec.dtype == tf.string:
                 tensor = tf.constant(array.astype(object) if array.dtype.kind != "S" else array, dtype=tf.string)
             else:
+                if array.dtype.kind == "O" and spec.dtype.is_floating and contains_null(value):
+                    array = np.asarray(nulls_as_nan(value))  # null: a missing value (a nullable feature's NaN)
                 if array.dtype.kind not in "biuf":
                     raise BadRequest(f"input {name!r}: expected {spec.dtype.name} numbers, "
                                      f"got values of kind {array.dtype.kind!r}")
                 tensor = tf.constant(array, dtype=spec.dtype)
+        except BadRequest:
+            raise
         except (ValueError, TypeError) as exc:
             raise BadRequest(f"input {name!r}: cannot convert to {spec.dtype.name}: {exc}") from None
         if not spec.shape.is_compatible_with(tensor.shape):

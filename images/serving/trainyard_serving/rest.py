@@ -94,12 +94,16 @@ def predict_body(registry: ModelRegistry, model: str, version: int | None, body:
         keys = sorted(outputs)
         rows = len(next(iter(outputs.values())))
         values = {key: predict.to_json_value(outputs[key]) for key in keys}
+        if len(keys) == 1:  # as TF Serving: a single output is not wrapped in an object per row
+            return {"predictions": values[keys[0]]}
         return {"predictions": [{key: values[key][i] for key in keys} for i in range(rows)]}
     inputs = body["inputs"]
     columns = inputs if isinstance(inputs, dict) else ({names[0]: inputs} if len(names) == 1 else None)
     if columns is None:
         raise predict.BadRequest(f"'inputs' must be an object of the {len(names)} named inputs")
     outputs = predict.run(loaded, columns, limits, json_booleans)
+    if len(outputs) == 1:  # as TF Serving: a single output's values are `outputs` themselves
+        return {"outputs": predict.to_json_value(next(iter(outputs.values())))}
     return {"outputs": {key: predict.to_json_value(value) for key, value in outputs.items()}}
 
 

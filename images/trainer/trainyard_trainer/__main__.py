@@ -31,9 +31,14 @@ log = logging.getLogger("trainyard")
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="trainyard_trainer", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
-    add_run_arguments(commands.add_parser("check", help="build the configured model once and exit"))
+    check = commands.add_parser("check", help="build the configured model once and exit")
+    add_run_arguments(check)
+    check.add_argument("--from-config", action="store_true",
+                       help="build on a schema made from the config alone (trainyard check: no data needed)")
     add_run_arguments(commands.add_parser("train", help="run this replica of the training job"))
     add_run_arguments(commands.add_parser("evaluate", help="score the exported model on the eval split"))
+    commands.add_parser("check-configs", help="build each model of the configs on stdin (a JSON list) on a schema "
+                        "made from its config; one JSON line per config (trainyard check runs this)")
     decide = commands.add_parser("decide", help="decide whether the model is deployed (no TensorFlow)")
     add_run_arguments(decide)
     decide.add_argument("--force", action="store_true", help="force_deploy: skip the comparison")
@@ -56,16 +61,23 @@ def main(argv: list[str] | None = None) -> int:
         return args
     if args.command == "decide":
         return run_decide(args)
+    if args.command == "check-configs":
+        return run_check_configs()
     if args.command == "evaluate":
         return run_evaluate(args)
     from trainyard_contract.tf_config import read_tf_config
-    from trainyard_trainer.data import load_schema
+    from trainyard_trainer.data import load_schema_document
+    from trainyard_trainer.model_schema import ModelSchema
     from trainyard_trainer.train import ModelError, check_model, train, training_record
 
     try:
         config = load_config()
         task = read_tf_config()
-        schema = load_schema(args.run_dir)
+        if args.command == "check" and args.from_config:
+            document, schema = None, ModelSchema.from_config(config)
+        else:
+            document = load_schema_document(args.run_dir)
+            schema = ModelSchema.from_document(document)
         log.info("%s: pipeline=%s run=%s strategy=%s task=%s", args.command, config.name, args.run_id,
                  config.training.strategy, f"{task.role}:{task.index}" if task else "single")
         if args.command == "check":
@@ -84,13 +96,33 @@ def main(argv: list[str] | None = None) -> int:
         from trainyard_trainer.train import build
 
         training = training_record(outcome, config)
-        export(plain_copy(model, lambda: build(config, schema)[0]), schema, args.run_dir / layout.MODEL, training)
+        export(plain_copy(model, lambda: build(config, schema).model, schema), schema, document,
+               args.run_dir / layout.MODEL, training)
         write_result(args.xcom, {**training, "model": relative_to_volume(args.volume, args.run_dir / layout.MODEL)})
         log.info("training finished: %s", training)
         return 0
-    except (ModelError, StageError, FileNotFoundError) as exc:
+    except (ModelError, StageError, FileNotFoundError, ValueError) as exc:
         log.error("%s failed: %s", args.command, exc)
         return EXIT_BAD_INPUT
+
+
+def run_check_configs() -> int:
+    """For `trainyard check`: one process (TensorFlow imported once) builds every pipeline's model."""
+    import json
+
+    from trainyard_contract.schema import PipelineConfig
+    from trainyard_trainer.model_schema import ModelSchema
+    from trainyard_trainer.train import ModelError, check_model
+
+    for raw in json.loads(sys.stdin.read()):
+        config = PipelineConfig.model_validate_json(raw)
+        try:
+            result = check_model(config, ModelSchema.from_config(config))
+            line = {"name": config.name, "error": None, **result}
+        except (ModelError, ValueError) as exc:
+            line = {"name": config.name, "error": str(exc)}
+        print(json.dumps(line), flush=True)
+    return 0
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
@@ -129,6 +161,12 @@ def run_decide(args: argparse.Namespace) -> int:
         log.error("decide failed: %s", exc)
         return EXIT_BAD_INPUT
     write_json(args.run_dir / layout.DECISION, decision)
+    from trainyard_contract.atomic import write_bytes
+    from trainyard_trainer.report import render_report
+
+    # the report now says what was done with the model, and why
+    write_bytes(args.run_dir / layout.REPORT,
+                render_report(config, json.loads(metrics_path.read_text()), decision).encode())
     log.info("decision: %s", "DEPLOY" if decision["deploy"] else "SKIP")
     for reason in decision["reasons"]:
         log.info("  - %s", reason)

@@ -4,31 +4,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import tensorflow as tf
 
 from trainyard_contract import layout
+from trainyard_trainer.features import FeatureTransform, parse_spec
+from trainyard_trainer.model_schema import ModelSchema, schema_with_stats
 
-DTYPES = {"float": tf.float32, "int": tf.int64, "string": tf.string}
 
-
-def load_schema(run_dir: Path) -> dict[str, Any]:
-    """The prepared schema, with the per-feature statistics of the prepared stats under "stats" (models
-    normalise with them)."""
+def load_schema_document(run_dir: Path) -> dict:
+    """The prepared schema, with each numeric feature's train statistics (models normalise with them)."""
     path = run_dir / layout.PREPARED_SCHEMA
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: prepare_data must run before training")
-    schema = json.loads(path.read_text())
+    return schema_with_stats(json.loads(path.read_text()), load_stats(run_dir))
+
+
+def load_schema(run_dir: Path) -> ModelSchema:
+    return ModelSchema.from_document(load_schema_document(run_dir))
+
+
+def load_stats(run_dir: Path) -> dict:
     stats = run_dir / layout.PREPARED_STATS
-    schema["stats"] = json.loads(stats.read_text())["features"] if stats.is_file() else {}
-    return schema
-
-
-def feature_spec(schema: dict[str, Any]) -> dict[str, tf.io.FixedLenFeature]:
-    spec = {f["name"]: tf.io.FixedLenFeature([], DTYPES[f["dtype"]]) for f in schema["features"]}
-    spec[schema["label"]["name"]] = tf.io.FixedLenFeature([], tf.int64)
-    return spec
+    return json.loads(stats.read_text())["features"] if stats.is_file() else {}
 
 
 def shard_files(prepared: Path, split: str) -> list[str]:
@@ -38,21 +36,11 @@ def shard_files(prepared: Path, split: str) -> list[str]:
     return files
 
 
-def to_model_inputs(schema: dict[str, Any]):
-    """parsed Example batch -> (dense float matrix in schema order, int label)."""
-    names = [f["name"] for f in schema["features"]]
-    label = schema["label"]["name"]
-
-    def convert(parsed: dict[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-        columns = [tf.cast(parsed[name], tf.float32) for name in names]
-        return tf.stack(columns, axis=1), parsed[label]
-
-    return convert
-
-
 def make_dataset(prepared: Path, split: str, batch_size: int, *, repeat: bool, shuffle_seed: int | None,
-                 schema: dict[str, Any]) -> tf.data.Dataset:
-    """Parallel reads, batched parsing, batching and prefetch; repeated and shuffled for training."""
+                 schema: ModelSchema, transform: FeatureTransform) -> tf.data.Dataset:
+    """Parallel reads, batched parsing and transform, batching and prefetch; repeated and shuffled for training.
+
+    Yields (model inputs, label): the inputs are what `transform` makes of the raw features (see model_schema)."""
     files = tf.data.Dataset.from_tensor_slices(shard_files(prepared, split))
     if shuffle_seed is not None:
         files = files.shuffle(len(shard_files(prepared, split)), seed=shuffle_seed)
@@ -62,12 +50,13 @@ def make_dataset(prepared: Path, split: str, batch_size: int, *, repeat: bool, s
         records = records.repeat()
     if shuffle_seed is not None:
         records = records.shuffle(10_000, seed=shuffle_seed)
-    spec = feature_spec(schema)
-    convert = to_model_inputs(schema)
+    spec = parse_spec(schema)
+    label = schema.label.name
 
-    def parse_batch(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        # one vectorised parse per batch, fused with the stacking into the model's input matrix
-        return convert(tf.io.parse_example(serialized, spec))
+    def parse_batch(serialized: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+        # one vectorised parse per batch, fused with the transform into the model's inputs
+        parsed = tf.io.parse_example(serialized, spec)
+        return transform(parsed), parsed[label]
 
     return (records.batch(batch_size, drop_remainder=repeat)
             .map(parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not repeat)

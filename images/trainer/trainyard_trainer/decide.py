@@ -13,8 +13,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from trainyard_contract.metrics import higher_is_better
 from trainyard_contract.schema import PipelineConfig
-from trainyard_trainer.metrics import HIGHER_IS_BETTER
 
 
 def parse_instant(value: str | None) -> dt.datetime | None:
@@ -55,8 +55,9 @@ def decide(config: PipelineConfig, evaluation: dict[str, Any], force: bool,
                "older_than_champion": window is not None and not window[0]}
     for name, bound in config.evaluation.thresholds.items():
         value = metrics.get(name)
-        if value is None:
-            failed.append(f"{name}: not computed (add it to evaluation.metrics)")
+        if value is None or value != value:  # absent or NaN (e.g. AUC when the eval split has one class)
+            failed.append(f"{name}: not computed (add it to evaluation.metrics)" if value is None else
+                          f"{name}: undefined on this eval split (NaN)")
             continue
         if bound.min is not None and value < bound.min:
             failed.append(f"{name} {value:.4f} is below the minimum {bound.min}")
@@ -69,10 +70,11 @@ def decide(config: PipelineConfig, evaluation: dict[str, Any], force: bool,
         reasons.append("no model is served under this name yet: value thresholds only")
     elif change is not None:
         ours, theirs = metrics.get(change.metric), champion["metrics"].get(change.metric)
-        if ours is None or theirs is None:
+        if ours is None or theirs is None or ours != ours or theirs != theirs:
             failed.append(f"{change.metric}: missing for the {'challenger' if ours is None else 'champion'}")
         else:
-            improvement = (ours - theirs) if HIGHER_IS_BETTER[change.metric] else (theirs - ours)
+            higher = higher_is_better(config.data.label.task, change.metric)
+            improvement = (ours - theirs) if higher else (theirs - ours)
             text = (f"{change.metric} {ours:.4f} vs champion v{champion['version']} {theirs:.4f} "
                     f"(improvement {improvement:+.4f}, needs >= {change.min_delta} and > 0)")
             (reasons if improvement > 0 and improvement >= change.min_delta else failed).append(text)

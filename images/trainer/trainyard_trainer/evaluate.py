@@ -2,12 +2,12 @@
 
 The champion is the version TF Serving serves now for this model name (the highest published version); its
 metrics come from the `trainyard.json` published with it. Writes `eval/metrics.json`, `eval/smoke.json` (examples
-and expected outputs for deploy's smoke test) and `eval/report.html` (self-contained: inline CSS and SVG plots).
+and expected outputs for deploy's smoke test) and `eval/report.html` (trainyard_trainer.report). Metrics are those
+of the task (trainyard_contract.metrics), plus any the model module's `metrics(params, schema)` adds.
 """
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,11 @@ from trainyard_contract import layout
 from trainyard_contract.atomic import staged_dir, write_json
 from trainyard_contract.layout import published_versions
 from trainyard_contract.schema import PipelineConfig
-from trainyard_trainer.data import feature_spec, shard_files
-from trainyard_trainer.metrics import HIGHER_IS_BETTER, classification_metrics, confusion_matrix
+from trainyard_trainer.data import shard_files
+from trainyard_trainer.features import parse_spec
+from trainyard_trainer.metrics import ClassificationScores, RegressionScores, compute
+from trainyard_trainer.model_schema import ModelSchema
+from trainyard_trainer.report import render_report
 
 SMOKE_EXAMPLES = 16
 
@@ -37,23 +40,30 @@ def champion(models_dir: Path) -> dict[str, Any] | None:
             "data_window_end": meta.get("data_window_end")}
 
 
-def predict_eval_split(saved_model: Path, prepared: Path, schema: dict[str, Any]) -> dict[str, np.ndarray]:
+SCATTER_POINTS = 400
+
+
+def predict_eval_split(saved_model: Path, prepared: Path, schema: ModelSchema) -> dict[str, Any]:
     """Run the serving signature (raw features by name, as clients send them) over every eval example."""
     signature = tf.saved_model.load(str(saved_model)).signatures["serving_default"]
-    spec = feature_spec(schema)
-    label = schema["label"]["name"]
-    names = [f["name"] for f in schema["features"]]
+    spec = parse_spec(schema)
+    label = schema.label.name
+    names = schema.feature_names
     dataset = tf.data.TFRecordDataset(shard_files(prepared, "eval")).batch(1024).map(
         lambda batch: tf.io.parse_example(batch, spec))
-    labels, probabilities, features = [], [], {name: [] for name in names}
+    labels: list[np.ndarray] = []
+    outputs: dict[str, list[np.ndarray]] = {}
+    features: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for batch in dataset:
         out = signature(**{name: batch[name] for name in names})
         labels.append(batch[label].numpy())
-        probabilities.append(out["probabilities"].numpy())
+        for key in ("probabilities", "predictions"):
+            if key in out:
+                outputs.setdefault(key, []).append(out[key].numpy())
         for name in names:
             features[name].append(batch[name].numpy())
-    return {"labels": np.concatenate(labels), "probabilities": np.concatenate(probabilities),
-            **{f"feature:{n}": np.concatenate(v) for n, v in features.items()}}
+    return {"labels": np.concatenate(labels), **{k: np.concatenate(v) for k, v in outputs.items()},
+            "features": {n: np.concatenate(v) for n, v in features.items()}}
 
 
 def training_curve(folder: Path) -> list[tuple[int, float]]:
@@ -69,90 +79,67 @@ def training_curve(folder: Path) -> list[tuple[int, float]]:
     return sorted((e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events.Tensors("loss"))
 
 
-def svg_confusion(matrix: np.ndarray, classes: list[str]) -> str:
-    cell, pad = 28, 40
-    size = pad + cell * len(classes)
-    peak = max(int(matrix.max()), 1)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{size + 10}" height="{size + 10}" '
-             'font-family="sans-serif" font-size="11">']
-    for i, name in enumerate(classes):
-        label = html.escape(name)
-        parts.append(f'<text x="{pad + i * cell + cell / 2}" y="{pad - 6}" text-anchor="middle">{label}</text>')
-        parts.append(f'<text x="{pad - 6}" y="{pad + i * cell + cell / 2 + 4}" text-anchor="end">{label}</text>')
-        for j in range(len(classes)):
-            value = int(matrix[i, j])
-            shade = int(255 - 200 * value / peak)
-            parts.append(f'<rect x="{pad + j * cell}" y="{pad + i * cell}" width="{cell}" height="{cell}" '
-                         f'fill="rgb({shade},{shade},255)" stroke="#fff"/>')
-            if value:
-                parts.append(f'<text x="{pad + j * cell + cell / 2}" y="{pad + i * cell + cell / 2 + 4}" '
-                             f'text-anchor="middle">{value}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+def extra_metrics(config: PipelineConfig, schema: ModelSchema, labels: np.ndarray,
+                  outputs: np.ndarray) -> dict[str, float]:
+    """The model module's own Keras metrics (`metrics(params, schema)`), fed the probabilities or predictions."""
+    from trainyard_trainer.train import load_model_module
+
+    module = load_model_module(config.training.model.module)
+    if not callable(getattr(module, "metrics", None)):
+        return {}
+    values = {}
+    for metric in module.metrics(dict(config.training.model.params), schema):
+        metric.update_state(labels, outputs)
+        values[metric.name] = round(float(metric.result()), 6)
+    return values
 
 
-def svg_curve(points: list[tuple[int, float]], width: int = 420, height: int = 180) -> str:
-    if len(points) < 2:
-        return "<p>(fewer than two logged steps)</p>"
-    steps = [p[0] for p in points]
-    values = [p[1] for p in points]
-    lo, hi = min(values), max(values)
-    span_x, span_y = max(steps[-1] - steps[0], 1), max(hi - lo, 1e-9)
-    coords = " ".join(f"{40 + (s - steps[0]) / span_x * (width - 50):.1f},{10 + (hi - v) / span_y * (height - 40):.1f}"
-                      for s, v in points)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-            f'font-size="11"><polyline fill="none" stroke="#2e86c1" stroke-width="2" points="{coords}"/>'
-            f'<text x="4" y="16">{hi:.3f}</text><text x="4" y="{height - 30}">{lo:.3f}</text>'
-            f'<text x="40" y="{height - 10}">step {steps[0]}</text>'
-            f'<text x="{width - 10}" y="{height - 10}" text-anchor="end">step {steps[-1]}</text></svg>')
-
-
-def render_report(config: PipelineConfig, payload: dict[str, Any], matrix: np.ndarray,
-                  curve: list[tuple[int, float]]) -> str:
-    champ = payload["champion"]
-    rows = []
-    for name, value in payload["challenger"].items():
-        other = champ["metrics"].get(name) if champ else None
-        delta = "" if other is None else f"{value - other:+.4f}"
-        better = "" if other is None else ("better" if (value > other) == HIGHER_IS_BETTER[name] and value != other
-                                           else ("same" if value == other else "worse"))
-        rows.append(f"<tr><td>{name}</td><td>{value:.4f}</td><td>{'' if other is None else f'{other:.4f}'}</td>"
-                    f"<td>{delta}</td><td>{better}</td></tr>")
-    champion_title = f"champion (version {champ['version']})" if champ else "champion (none served yet)"
-    classes = [str(c) for c in config.data.label.classes]
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(config.name)} evaluation</title>
-<style>body{{font-family:sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}th{{background:#eef}}</style></head><body>
-<h1>{html.escape(config.name)}: evaluation of run {html.escape(payload['run_id'])}</h1>
-<p>{payload['eval_rows']} eval examples, scored through the exported <code>serving_default</code> signature.</p>
-<table><tr><th>metric</th><th>challenger</th><th>{champion_title}</th><th>change</th><th></th></tr>
-{''.join(rows)}</table>
-<h2>Confusion matrix (rows: true class, columns: predicted)</h2>{svg_confusion(matrix, classes)}
-<h2>Training loss</h2>{svg_curve(curve)}
-</body></html>"""
+def json_values(values: np.ndarray) -> list[Any]:
+    """A feature column for smoke.json: text as str, a missing number (NaN) as null."""
+    if values.dtype.kind in "SO":
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in values.tolist()]
+    return [None if isinstance(v, float) and v != v else v for v in values.tolist()]
 
 
 def evaluate(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str) -> dict[str, Any]:
     prepared = run_dir / layout.PREPARED
-    schema = json.loads((run_dir / layout.MODEL_SCHEMA).read_text())
+    document = json.loads((run_dir / layout.MODEL_SCHEMA).read_text())
+    schema = ModelSchema.from_document(document)  # as exported: vocabularies and train statistics included
     scored = predict_eval_split(run_dir / layout.SAVED_MODEL, prepared, schema)
-    labels, probabilities = scored["labels"], scored["probabilities"]
-    metrics = classification_metrics(labels, probabilities, list(config.evaluation.metrics))
-    matrix = confusion_matrix(labels, probabilities.argmax(axis=1), probabilities.shape[1])
-    payload = {
-        "run_id": run_id, "eval_rows": int(len(labels)), "challenger": metrics,
-        "champion": champion(layout.models_dir(volume, config.model_name)),
-        "confusion_matrix": matrix.tolist(),
-    }
-    names = [f["name"] for f in schema["features"]]
+    labels = scored["labels"]
+    task = schema.task
     take = min(SMOKE_EXAMPLES, len(labels))
-    smoke = {"inputs": {n: scored[f"feature:{n}"][:take].tolist() for n in names},
-             "dtypes": {f["name"]: f["dtype"] for f in schema["features"]},
-             "class_ids": probabilities[:take].argmax(axis=1).tolist(),
-             "probabilities": probabilities[:take].tolist()}
+    payload: dict[str, Any] = {"run_id": run_id, "task": task, "eval_rows": int(len(labels)),
+                               "champion": champion(layout.models_dir(volume, config.model_name))}
+    smoke: dict[str, Any] = {
+        "inputs": {n: json_values(scored["features"][n][:take]) for n in schema.feature_names},
+        "dtypes": {f.name: f.dtype for f in (*schema.numeric, *schema.categorical)},
+    }
+    if schema.is_classification:
+        probabilities = scored["probabilities"]
+        scores = ClassificationScores(labels, probabilities)
+        outputs = probabilities
+        payload["challenger"] = compute(task, scores, list(config.metric_names))
+        payload["per_class"] = scores.per_class([str(c) for c in schema.label.classes])
+        payload["confusion_matrix"] = scores.matrix.tolist()
+        smoke["class_ids"] = probabilities[:take].argmax(axis=1).tolist()
+        smoke["probabilities"] = probabilities[:take].tolist()
+    else:
+        predictions = scored["predictions"]
+        scores = RegressionScores(labels, predictions)
+        outputs = predictions
+        payload["challenger"] = compute(task, scores, list(config.metric_names))
+        residuals = scores.residuals
+        payload["residuals"] = {"mean": float(residuals.mean()), "std": float(residuals.std()),
+                                "max_abs": float(np.abs(residuals).max())}
+        every = max(1, len(labels) // SCATTER_POINTS)
+        payload["scatter"] = [[float(a), float(p)] for a, p in zip(labels[::every], predictions[::every],
+                                                                   strict=True)][:SCATTER_POINTS]
+        smoke["predictions"] = predictions[:take].astype(float).tolist()
+    payload["challenger"].update(extra_metrics(config, schema, labels, outputs))
+    payload["training_curve"] = training_curve(run_dir / layout.TENSORBOARD_TRAIN)
     with staged_dir(run_dir / layout.EVAL) as out:
         write_json(out / layout.METRICS.name, payload)
         write_json(out / layout.SMOKE_SET.name, smoke)
-        curve = training_curve(run_dir / layout.TENSORBOARD_TRAIN)
-        (out / layout.REPORT.name).write_text(render_report(config, payload, matrix, curve))
+        (out / layout.REPORT.name).write_text(render_report(config, payload))
     return payload

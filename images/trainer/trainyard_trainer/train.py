@@ -22,6 +22,8 @@ from trainyard_contract import layout
 from trainyard_contract.schema import PipelineConfig
 from trainyard_contract.tf_config import TaskConfig
 from trainyard_trainer.data import make_dataset
+from trainyard_trainer.features import FeatureTransform, dummy_raw_batch
+from trainyard_trainer.model_schema import ModelSchema
 
 log = logging.getLogger("trainyard")
 
@@ -43,42 +45,111 @@ def load_model_module(module_name: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ModelError(f"training.model.module {module_name!r} cannot be imported: {exc}") from None
+        raise ModelError(f"training.model.module {module_name!r} cannot be imported: {exc} (a module of your "
+                         "own goes in images/trainer/trainyard_trainer/models/: see the README, 'Your own "
+                         "model')") from None
+    except Exception as exc:  # the user's module fails while importing: a config problem, said as such
+        raise ModelError(f"training.model.module {module_name!r} fails on import: "
+                         f"{type(exc).__name__}: {exc}") from None
     if not callable(getattr(module, "build_model", None)):
         raise ModelError(f"training.model.module {module_name!r} has no build_model(params, schema) function")
     return module
 
 
-def build(config: PipelineConfig, schema: dict[str, Any]) -> tuple[keras.Model, Any]:
-    """The model and its loss, with errors that name the config field."""
-    module = load_model_module(config.training.model.module)
+@dataclass(frozen=True)
+class ModelParts:
+    model: keras.Model
+    loss: Any  # per-example loss: (labels, outputs) -> [batch]
+    optimizer: Any
+    extra_metrics: list[Any]  # built here too, so check_model finds a failing metrics() before training
+
+
+def default_loss(schema: ModelSchema) -> Any:
+    if schema.is_classification:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    return keras.losses.MeanSquaredError(reduction="none")
+
+
+def build(config: PipelineConfig, schema: ModelSchema) -> ModelParts:
+    """The model, its loss, optimizer and extra metrics, with the module's own where it defines them; errors
+    name the config field. Called under the strategy's scope when training."""
+    name = config.training.model.module
+    module = load_model_module(name)
     params = dict(config.training.model.params)
+    rate = config.training.learning_rate
     try:
         model = module.build_model(params, schema)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ModelError(f"training.model.params are not valid for {config.training.model.module}: {exc}") from None
-    if not isinstance(model, keras.Model):
-        raise ModelError(f"{config.training.model.module}.build_model returned {type(model).__name__}, not keras.Model")
-    if callable(getattr(module, "loss", None)):
-        loss = module.loss(params)
-    else:
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-    return model, loss
-
-
-def check_model(config: PipelineConfig, schema: dict[str, Any]) -> dict[str, Any]:
-    """Build the model once on a dummy batch: a bad module or params fails here, before any replica starts."""
-    model, _ = build(config, schema)
-    n_features = len(schema["features"])
-    try:
-        logits = model(tf.zeros([2, n_features]), training=False)
+        loss = module.loss(params, schema) if callable(getattr(module, "loss", None)) else default_loss(schema)
+        optimizer = (module.optimizer(params, rate) if callable(getattr(module, "optimizer", None))
+                     else keras.optimizers.Adam(learning_rate=rate))
+        extra = list(module.metrics(params, schema)) if callable(getattr(module, "metrics", None)) else []
+    except ModelError:
+        raise
     except Exception as exc:  # the user's model code: any failure is a config problem
-        raise ModelError(f"{config.training.model.module} fails on a batch of {n_features} features: {exc}") from None
-    classes = len(schema["label"]["classes"])
-    if tuple(logits.shape) != (2, classes):
-        raise ModelError(f"{config.training.model.module} returns shape {tuple(logits.shape)[1:]}, "
-                         f"expected ({classes},) logits for the {classes} classes")
-    return {"parameters": int(model.count_params()), "model": model.name}
+        raise ModelError(f"{name} fails on this pipeline's schema ({_schema_summary(schema)}) with params "
+                         f"{params}: {error_text(exc)}") from None
+    if not isinstance(model, keras.Model):
+        raise ModelError(f"{name}.build_model returned {type(model).__name__}, not keras.Model")
+    return ModelParts(model, loss, optimizer, extra)
+
+
+def _schema_summary(schema: ModelSchema) -> str:
+    target = f"{schema.num_classes} classes" if schema.is_classification else "regression"
+    return f"{len(schema.numeric)} numeric, {len(schema.categorical)} categorical feature(s), {target}"
+
+
+def model_outputs(model: keras.Model, inputs: dict[str, tf.Tensor], schema: ModelSchema,
+                  training: bool) -> tf.Tensor:
+    """Logits [batch, classes], or predictions [batch, 1] (a [batch] output is given its axis). A functional
+    model that declares only some of the inputs (numeric only, say) is given just those."""
+    declared = declared_inputs(model)
+    if declared is not None and set(declared) <= set(inputs):
+        inputs = {name: inputs[name] for name in declared}
+    outputs = model(inputs, training=training)
+    if not schema.is_classification and outputs.shape.rank == 1:
+        outputs = outputs[:, tf.newaxis]
+    return outputs
+
+
+def declared_inputs(model: keras.Model) -> list[str] | None:
+    """The input names of a functional model built on a dict of inputs; None for any other model."""
+    try:
+        structure = model.input
+    except (AttributeError, ValueError):
+        return None
+    return list(structure) if isinstance(structure, dict) else None
+
+
+def error_text(exc: Exception) -> str:
+    """An exception in a few words: Keras puts the useful part after an 'Exception encountered' line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(("Exception encountered", "Arguments received", "•"))]
+    return f"{type(exc).__name__}: {' '.join(useful[:3]) or ' '.join(lines[:1])}"
+
+
+def ensure_built(model: keras.Model, transform: FeatureTransform, schema: ModelSchema) -> None:
+    """A subclassed model has no variables until it is called once; a functional one is built already."""
+    if not model.built or not model.trainable_variables:
+        model_outputs(model, transform(dummy_raw_batch(schema)), schema, training=False)
+
+
+def check_model(config: PipelineConfig, schema: ModelSchema) -> dict[str, Any]:
+    """Build the model once and run it on a batch: a bad module or params fails here, before any replica
+    starts (and in `trainyard check`, before any data exists)."""
+    parts = build(config, schema)
+    name = config.training.model.module
+    transform = FeatureTransform(schema)
+    try:
+        outputs = model_outputs(parts.model, transform(dummy_raw_batch(schema)), schema, training=False)
+    except Exception as exc:  # the user's model code: any failure is a config problem
+        raise ModelError(f"{name} fails on a batch of this pipeline's features ({_schema_summary(schema)}): "
+                         f"{error_text(exc)}") from None
+    expected = (2, schema.output_units)
+    if tuple(outputs.shape) != expected:
+        what = f"{schema.num_classes} logits, one per class" if schema.is_classification else "1 prediction"
+        raise ModelError(f"{name} returns shape {tuple(outputs.shape)[1:]} per example, expected "
+                         f"({expected[1]},): {what}")
+    return {"parameters": int(parts.model.count_params()), "model": parts.model.name, "task": schema.task}
 
 
 def make_strategy(strategy: str, task: TaskConfig | None) -> tf.distribute.Strategy:
@@ -92,16 +163,18 @@ def make_strategy(strategy: str, task: TaskConfig | None) -> tf.distribute.Strat
     return tf.distribute.get_strategy()
 
 
-def train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema: dict[str, Any],
+def train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema: ModelSchema,
           checkpoint_dir: Path | None = None) -> tuple[TrainResult, keras.Model]:
     """Run the loop on the coordinating process; returns what training.json records and the trained model."""
     training = config.training
     strategy = make_strategy(training.strategy, task)
     prepared = run_dir / layout.PREPARED
     with strategy.scope():
-        model, loss_object = build(config, schema)
-        model.build((None, len(schema["features"])))
-        optimizer = keras.optimizers.Adam(learning_rate=training.learning_rate)
+        parts = build(config, schema)
+        model, loss_object, optimizer = parts.model, parts.loss, parts.optimizer
+        # lookup tables created under the scope: parameter-server training gives each worker its own copy
+        transform = FeatureTransform(schema)
+        ensure_built(model, transform, schema)
         optimizer.build(model.trainable_variables)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
@@ -114,10 +187,11 @@ def train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema
     writer = tf.summary.create_file_writer(str(run_dir / layout.TENSORBOARD_TRAIN))
     batch = training.batch_size
 
-    def replica_step(features: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    def replica_step(features: dict[str, tf.Tensor], labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
-            logits = model(features, training=True)
-            per_example = loss_object(labels, logits)
+            outputs = model_outputs(model, features, schema, training=True)
+            targets = labels if schema.is_classification else labels[:, tf.newaxis]
+            per_example = loss_object(targets, outputs)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
@@ -131,7 +205,8 @@ def train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema
         coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 
         def per_worker_dataset_fn() -> tf.data.Dataset:
-            return make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema)
+            return make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema,
+                                transform=transform)
 
         iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
 
@@ -164,7 +239,8 @@ def train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema
             _after_interval(current, interval_losses, started, start_step, batch, step, manager, writer)
     else:
         dataset = strategy.experimental_distribute_dataset(
-            make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema))
+            make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema,
+                         transform=transform))
         iterator = iter(dataset)
 
         @tf.function
@@ -225,5 +301,6 @@ def training_record(result: TrainResult, config: PipelineConfig) -> dict[str, An
         "strategy": config.training.strategy, "workers": config.training.workers.replicas,
         "ps": config.training.ps.replicas, "batch_size": config.training.batch_size,
         "learning_rate": config.training.learning_rate, "model_module": config.training.model.module,
+        "task": config.data.label.task,
         "tensorflow": tf.__version__, "keras": keras.__version__,
     }

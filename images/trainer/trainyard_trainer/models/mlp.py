@@ -1,4 +1,4 @@
-"""A multi-layer perceptron for tabular features."""
+"""A multi-layer perceptron for tabular data: numeric and categorical features, classification or regression."""
 
 from __future__ import annotations
 
@@ -6,28 +6,22 @@ from typing import Any
 
 import keras
 
+from trainyard_trainer.model_schema import ModelSchema
+from trainyard_trainer.models.layers import feature_vector, model_inputs, output_head
 
-def build_model(params: dict[str, Any], schema: dict[str, Any]) -> keras.Model:
+
+def build_model(params: dict[str, Any], schema: ModelSchema) -> keras.Model:
     units = params.get("hidden_units", [64, 32])
     if not isinstance(units, list) or not all(isinstance(u, int) and u > 0 for u in units):
         raise ValueError(f"hidden_units must be a list of positive integers (got {units!r})")
     dropout = float(params.get("dropout", 0.0))
-    inputs = keras.Input(shape=(len(schema["features"]),), name="features")
-    x = standardize(inputs, schema)
+    one_hot_max = int(params.get("one_hot_max", 8))
+    embedding_dim = params.get("embedding_dim")
+    inputs = model_inputs(schema)
+    x = feature_vector(inputs, schema, one_hot_max=one_hot_max,
+                       embedding_dim=int(embedding_dim) if embedding_dim else None)
     for width in units:
         x = keras.layers.Dense(width, activation="relu")(x)
         if dropout:
             x = keras.layers.Dropout(dropout)(x)
-    logits = keras.layers.Dense(len(schema["label"]["classes"]), name="logits")(x)
-    return keras.Model(inputs, logits, name="mlp")
-
-
-def standardize(x: keras.KerasTensor, schema: dict[str, Any]) -> keras.KerasTensor:
-    """(x - mean) / std per feature from prepare_data's stats, baked into the model (and so into serving)."""
-    stats = schema.get("stats") or {}
-    names = [f["name"] for f in schema["features"]]
-    if not all(name in stats for name in names):
-        return x
-    mean = [stats[n]["mean"] for n in names]
-    variance = [max(stats[n]["std"], 1e-3) ** 2 for n in names]
-    return keras.layers.Normalization(mean=mean, variance=variance, name="standardize")(x)
+    return keras.Model(inputs, output_head(x, schema), name="mlp")
