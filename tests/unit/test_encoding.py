@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 
-from trainyard_prep.encoding import NumericExampleEncoder, ProtoExampleEncoder, varint_encode
+from trainyard_prep.encoding import MixedExampleEncoder, NumericExampleEncoder, ProtoExampleEncoder, varint_encode
 
 
 def decode_varint(data: bytes) -> int:
@@ -79,3 +79,19 @@ def test_a_float_label_and_string_features_round_trip_through_parse_example() ->
     numeric = NumericExampleEncoder(columns[1:]).encode(frame)
     assert [tf.train.Example.FromString(a) for a in numeric] == [
         tf.train.Example.FromString(b) for b in ProtoExampleEncoder(columns[1:]).encode(frame)]
+
+
+@pytest.mark.parametrize("with_numeric", [True, False])
+def test_the_mixed_encoder_matches_protobuf_with_text_columns(with_numeric: bool) -> None:
+    rng = np.random.default_rng(3)
+    n = 500
+    frame = pd.DataFrame({"city": rng.choice(["Lyon", "Zürich", "", "x" * 300], size=n),
+                          "note": [f"free text {i}" * (i % 4) for i in range(n)],
+                          "spend": rng.normal(size=n), "calls": rng.integers(0, 300, size=n),
+                          "y": rng.integers(0, 2, size=n)})
+    columns = [("city", "string"), ("note", "string")]
+    if with_numeric:
+        columns += [("spend", "float"), ("calls", "int"), ("y", "int")]
+    mixed = MixedExampleEncoder(columns).encode(frame)
+    reference = ProtoExampleEncoder(columns).encode(frame)
+    assert [tf.train.Example.FromString(a) for a in mixed] == [tf.train.Example.FromString(b) for b in reference]
