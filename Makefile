@@ -56,6 +56,7 @@ ui: bootstrap
 	airflow standalone
 
 bench: bootstrap test-services
+	python -m pip install -q --disable-pip-version-check -c constraints.txt -r bench/requirements.txt
 	python bench/parse_bench.py
 	python bench/prep_bench.py
 	python bench/train_bench.py

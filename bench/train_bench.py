@@ -6,6 +6,12 @@
 3. Worker loss cost: extra wall time of a run whose worker is SIGKILLed mid-training vs an undisturbed run
    (target <= one checkpoint interval + one restart).
 4. Scaling: examples/s with 1 and 2 workers on a compute-bound model (2 cores here: reported, not tuned).
+5. The loop vs tf-keras: on one prepared dataset and one cluster shape (1 PS + 1 worker + the chief, each its own
+   process, MLP 512x3, batch 256), Trainyard's loop vs tf-keras 2.21 `model.fit` under ParameterServerStrategy
+   with steps_per_execution 1 and 20 (target: Trainyard >= 1.0x the faster). Each is measured in the steady state:
+   examples between its first and last interval of 100 steps (a checkpoint for Trainyard, an epoch for Keras, each
+   ending in a join), over the seconds between them, in alternating rounds. tf-keras is a bench dependency
+   (bench/requirements.txt), never the project's.
 """
 
 from __future__ import annotations
@@ -96,6 +102,118 @@ print(json.dumps(result))
 '''
 
 
+SERVER = r'''
+import json, os, tensorflow as tf
+spec = json.loads(os.environ["TF_CONFIG"])
+tf.distribute.Server(tf.train.ClusterSpec(spec["cluster"]), job_name=spec["task"]["type"],
+                     task_index=spec["task"]["index"], protocol="grpc", start=True).join()
+'''
+
+TRAINYARD_CHIEF = r'''
+import json, logging, sys, time
+from pathlib import Path
+from trainyard_contract.schema import PipelineConfig
+from trainyard_contract.tf_config import read_tf_config
+from trainyard_trainer.data import load_schema
+from trainyard_trainer.train import train
+
+times = []
+class Intervals(logging.Handler):
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("step "):
+            times.append((int(message.split()[1]), time.perf_counter()))
+logging.getLogger("trainyard").addHandler(Intervals())
+logging.getLogger("trainyard").setLevel(logging.INFO)
+run_dir, config = Path(sys.argv[1]), PipelineConfig.model_validate_json(sys.argv[2])
+train(config, run_dir, read_tf_config(), load_schema(run_dir), checkpoint_dir=Path(sys.argv[3]))
+(first, t0), (last, t1) = times[0], times[-1]
+print(json.dumps({"examples_per_second": (last - first) * config.training.batch_size / (t1 - t0)}))
+'''
+
+KERAS_CHIEF = r'''
+import json, sys, time
+from pathlib import Path
+import tensorflow as tf
+import tf_keras
+from trainyard_trainer.data import load_schema, make_dataset
+from trainyard_trainer.features import FeatureTransform
+
+run_dir, batch, steps, per_execution = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+schema = load_schema(run_dir)
+strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())
+with strategy.scope():
+    transform = FeatureTransform(schema)
+    inputs = tf_keras.Input(shape=(len(schema.numeric),), name="numeric")
+    x = tf_keras.layers.Normalization(mean=[f.mean for f in schema.numeric],
+                                      variance=[max(f.std, 1e-3) ** 2 for f in schema.numeric])(inputs)
+    for _ in range(3):
+        x = tf_keras.layers.Dense(512, activation="relu")(x)
+    model = tf_keras.Model(inputs, tf_keras.layers.Dense(schema.num_classes)(x))
+    model.compile(tf_keras.optimizers.Adam(0.01),
+                  tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=per_execution)
+
+def dataset_fn(context):
+    return make_dataset(run_dir / "prepared", "train", batch, repeat=True, shuffle_seed=None, schema=schema,
+                        transform=transform)
+
+times = []
+class Epochs(tf_keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        times.append(time.perf_counter())
+model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=steps // 100, steps_per_epoch=100,
+          callbacks=[Epochs()], verbose=0)
+print(json.dumps({"examples_per_second": (len(times) - 1) * 100 * batch / (times[-1] - times[0])}))
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def on_cluster(chief: list[str]) -> float:
+    """Run `chief` (a python command line) as the chief of a fresh 1 PS + 1 worker cluster on 127.0.0.1; its
+    examples/s."""
+    cluster = {"chief": [f"127.0.0.1:{free_port()}"], "ps": [f"127.0.0.1:{free_port()}"],
+               "worker": [f"127.0.0.1:{free_port()}"]}
+
+    def env(role: str) -> dict[str, str]:
+        return {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": role, "index": 0}})}
+
+    servers = [subprocess.Popen([sys.executable, "-c", SERVER], env=env(role), stderr=subprocess.DEVNULL)
+               for role in ("ps", "worker")]
+    try:
+        out = subprocess.run(chief, env=env("chief"), capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            raise SystemExit(f"chief failed: {out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])["examples_per_second"]
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+
+
+def loop_vs_keras(volume: Path, base, steps: int, rounds: int) -> dict[str, list[float]]:  # noqa: ANN001
+    """Examples/s of Trainyard's loop and of tf-keras fit (steps_per_execution 1 and 20), alternating rounds."""
+    heavy = {"module": "trainyard_trainer.models.mlp", "params": {"hidden_units": [512, 512, 512]}}
+    config = with_training(base, steps=steps, checkpoint_every_steps=100, workers={"replicas": 1},
+                           model=heavy, batch_size=256, learning_rate=0.01)
+    run_dir = prepared_run(volume, config, "versus")
+    one_step = with_training(config, steps_per_execution=1)  # the loop before steps_per_execution, for scale
+    rates: dict[str, list[float]] = {"trainyard": [], "trainyard_spe1": [], "keras_spe1": [], "keras_spe20": []}
+    for i in range(rounds):
+        for name, cfg in (("trainyard", config), ("trainyard_spe1", one_step)):
+            rates[name].append(on_cluster([sys.executable, "-c", TRAINYARD_CHIEF, str(run_dir),
+                                           cfg.model_dump_json(), str(volume / f"ckpt-{name}-{i}")]))
+        for per_execution in (1, 20):
+            rates[f"keras_spe{per_execution}"].append(on_cluster(
+                [sys.executable, "-c", KERAS_CHIEF, str(run_dir), "256", str(steps), str(per_execution)]))
+    return rates
+
+
 class Recorder(logging.Handler):
     """Keeps (time, message) of every log line; fires `action` once when `trigger` appears."""
 
@@ -182,13 +300,16 @@ def replica_ready_seconds(run_dir: Path, recorder: Recorder) -> dict[str, float]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--only", choices=["input", "jobs"], help="run only the input-bound check, or only the jobs")
+    parser.add_argument("--only", choices=["input", "jobs", "keras"],
+                        help="run only the input-bound check, only the jobs, or only the loop vs tf-keras")
+    parser.add_argument("--versus-steps", type=int, default=1000, help="steps per run of the loop vs tf-keras")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the loop vs tf-keras")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         volume, base = setup_volume(Path(tmp))
 
         print("train bench (local backend, 2 cores, CPU only; no GPU machine was lent)")
-        if args.only != "jobs":  # 1. input-bound check
+        if args.only in (None, "input"):  # 1. input-bound check
             run_dir = prepared_run(volume, base, "input")
             out = subprocess.run([sys.executable, "-c", INPUT_BOUND, str(run_dir), "800"],
                                  capture_output=True, text=True, check=True)
@@ -197,6 +318,18 @@ def main() -> int:
             print(f"  1. input-bound: TFRecord {tfrecord:.0f} steps/s vs memory {memory:.0f} steps/s "
                   f"(medians of 3 alternating rounds of 800 steps) -> {tfrecord / memory:.2f}x (target >= 0.9x)")
         if args.only == "input":
+            return 0
+        if args.only in (None, "keras"):  # 5. the loop vs tf-keras fit, on one cluster shape
+            rates = loop_vs_keras(volume, base, args.versus_steps, args.rounds)
+            best = {name: statistics.median(values) for name, values in rates.items()}
+            faster = max(best["keras_spe1"], best["keras_spe20"])
+            print(f"  5. loop vs tf-keras (1 PS + 1 worker, MLP 512x3, batch 256, medians of {args.rounds} rounds): "
+                  f"Trainyard {best['trainyard']:.0f} examples/s (steps_per_execution "
+                  f"{base.training.steps_per_execution}; {best['trainyard_spe1']:.0f} with 1); tf-keras fit "
+                  f"{best['keras_spe1']:.0f} "
+                  f"(steps_per_execution 1), {best['keras_spe20']:.0f} (20) -> {best['trainyard'] / faster:.2f}x "
+                  f"the faster (target >= 1.0x); all rounds {json.dumps(rates)}")
+        if args.only == "keras":
             return 0
 
         # 2. startup and 3. worker loss cost

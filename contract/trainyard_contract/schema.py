@@ -347,6 +347,10 @@ class TrainingConfig(Strict):
                              f"(got {self.ps.replicas})")
         if self.strategy == "single":
             for role, replicas in (("ps", self.ps.replicas), ("workers", self.workers.replicas)):
+    steps_per_execution: int = Field(
+        20, ge=1, le=10_000, description="training steps run by one call of the compiled step function (on one "
+        "worker, for parameter_server): fewer dispatches per step, Keras' steps_per_execution; a checkpoint "
+        "interval is cut into such calls")
                 if replicas:
                     raise ValueError(f"@{role}.replicas: single training runs on the chief alone: set 0 "
                                      f"(got {replicas})")

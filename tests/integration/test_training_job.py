@@ -86,8 +86,18 @@ def run_job(config: PipelineConfig, volume: Path, run_id: str, watch: Watch | No
             log.removeHandler(watch)
 
 
+def optimizer_iterations(checkpoint: Path) -> int:
+    """How many updates the optimizer applied, read from a checkpoint: the steps really run. Only where one
+    replica updates at a time: Keras 3's `assign_add` is a read-modify-write, so with two asynchronous
+    parameter-server workers the counter loses increments (168 of 200 seen here)."""
+    reader = tf.train.load_checkpoint(str(checkpoint))
+    (key,) = [k for k in reader.get_variable_to_shape_map() if k.startswith("optimizer/") and "iteration" in k]
+    return int(reader.get_tensor(key))
+
+
 def test_parameter_server_job_trains_and_exports(pipelines_dir: Path, prepared_volume: Path) -> None:
-    config = config_with(pipelines_dir, steps=200, checkpoint_every_steps=100)
+    # 30 steps per scheduled call: each interval of 100 ends with a shorter call (the first also starts with one)
+    config = config_with(pipelines_dir, steps=200, checkpoint_every_steps=100, steps_per_execution=30)
     run_dir = prepare_run(prepared_volume, config, "ps-ok")
     first_step = Watch("first step done", lambda: None)
     result = run_job(config, prepared_volume, "ps-ok", first_step)
@@ -109,6 +119,17 @@ def test_parameter_server_job_trains_and_exports(pipelines_dir: Path, prepared_v
     assert sorted(serve.structured_input_signature[1])[:2] == ["pixel_0", "pixel_1"]
     out = serve(**{f"pixel_{i}": tf.constant([0.0, 16.0]) for i in range(64)})
     assert out["probabilities"].shape == (2, 10) and out["classes"].dtype == tf.string
+
+
+def test_steps_per_execution_runs_exactly_the_configured_steps_on_parameter_servers(
+        pipelines_dir: Path, prepared_volume: Path) -> None:
+    # one worker, so the optimizer's counter is exact; calls: 1 + [20, 20, 9], then [20]
+    config = config_with(pipelines_dir, steps=70, checkpoint_every_steps=50, steps_per_execution=20,
+                         workers={"replicas": 1})
+    run_dir = prepare_run(prepared_volume, config, "ps-calls")
+    result = run_job(config, prepared_volume, "ps-calls")
+    assert result["steps"] == 70
+    assert [optimizer_iterations(run_dir / layout.CHECKPOINTS / f"ckpt-{n}") for n in (50, 70)] == [50, 70]
 
 
 class CopyFailsFirst:
@@ -197,8 +218,10 @@ def test_a_bad_model_module_fails_before_any_replica_starts(pipelines_dir: Path,
 def test_other_strategies_from_the_same_config_field(pipelines_dir: Path, prepared_volume: Path, strategy: str,
                                                      workers: int) -> None:
     config = config_with(pipelines_dir, strategy=strategy, steps=100, checkpoint_every_steps=50,
-                         ps={"replicas": 0}, workers={"replicas": workers})
+                         steps_per_execution=20, ps={"replicas": 0}, workers={"replicas": workers})
     run_dir = prepare_run(prepared_volume, config, f"strategy-{strategy}")
     result = run_job(config, prepared_volume, f"strategy-{strategy}")
     assert result["steps"] == 100 and result["strategy"] == strategy
+    # calls of 20, 20, 10 per interval: exactly the configured steps were applied
+    assert optimizer_iterations(run_dir / layout.CHECKPOINTS / "ckpt-100") == 100
     assert (run_dir / layout.SAVED_MODEL / layout.SAVED_MODEL_PB).is_file()
