@@ -1,9 +1,16 @@
-"""validate_data + prepare_data throughput vs pandas.read_csv, and peak memory at 1x and 10x rows.
+"""validate_data + prepare_data vs a plain read of the same files, side by side in one run, with peak memory.
 
-Targets: stage rows/s >= 0.5x the rows/s of `pandas.read_csv` on the same file; peak RSS growth from 1x to 10x rows
-<= 1.3x. Each measurement runs the real stage entrypoint (`python -m trainyard_prep ...`) in its own process, as
-the local backend does; rows/s are the stages' own figures (from their first to their last row, imports excluded),
-and wall seconds are printed beside them.
+For each format (CSV, Parquet), feature count (16, 64 float features + an int label) and size (R and 10R rows),
+prints: the plain read rate of the file (pandas and pyarrow, each in its own process: the faster is the
+reference), validate and prepare rows/s (the real stage entrypoints, `python -m trainyard_prep ...`, each in its
+own process, as the local backend runs them; rows/s are the stages' own figures, from their first to their last
+row, imports excluded; wall seconds beside them), the two together (one row through both stages), the ratio to
+the faster read (target >= 0.5x), each stage's peak RSS and where its time goes in microseconds per row and
+phase. The 10R file is the R file's rows repeated 10 times, so generating it costs one copy.
+
+Targets: validate+prepare >= 0.5x the faster plain read; peak RSS at 10R <= 1.3x the peak at R.
+
+    python bench/prep_bench.py [--rows 1000000] [--features 16 64] [--formats csv parquet]
 """
 
 from __future__ import annotations
@@ -11,37 +18,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "plugins"))
-sys.path.insert(0, str(REPO / "images" / "prep"))
-sys.path.insert(0, str(REPO / "contract"))
+from trainyard_contract import layout
 
-from trainyard_contract import layout  # noqa: E402
-
-READ_CSV = """
+READ = """
 import resource, sys, time
-import pandas as pd
-t = time.perf_counter()
-rows = len(pd.read_csv(sys.argv[1]))
+path, how = sys.argv[1], sys.argv[2]
+if how == "pandas":
+    import pandas as pd
+    read = pd.read_parquet if path.endswith(".parquet") else pd.read_csv
+    t = time.perf_counter(); rows = len(read(path))
+else:
+    import pyarrow.csv, pyarrow.parquet
+    read = pyarrow.parquet.read_table if path.endswith(".parquet") else pyarrow.csv.read_csv
+    t = time.perf_counter(); rows = read(path).num_rows
 print(rows / (time.perf_counter() - t), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
-def config_for(features: int, chunk_rows: int):
+def config_for(features: int, file_format: str):  # noqa: ANN201 - PipelineConfig
     from trainyard_contract.schema import PipelineConfig
 
     return PipelineConfig.model_validate({
         "name": "bench",
-        "data": {"source": "datasets/bench", "label": {"name": "label", "classes": [0, 1]},
+        "data": {"source": "datasets/bench", "format": file_format, "label": {"name": "label", "classes": [0, 1]},
                  "features": [{"name": "f_{i}", "count": features, "dtype": "float", "min": -100, "max": 100}],
                  "shards": {"train": 4, "eval": 1}},
-        "prep": {"chunk_rows": chunk_rows},
     })
 
 
@@ -50,56 +58,99 @@ def run_stage(stage: str, volume: Path, run_dir: Path, config_json: str) -> dict
     t = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "trainyard_prep", stage, "--volume", str(volume), "--run-dir",
                               str(run_dir), "--run-id", "bench"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                             stderr=subprocess.PIPE)
     _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS, not the max over all children
-    child.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t
-    if child.returncode != 0:
-        raise SystemExit(f"{stage} failed with exit code {child.returncode}")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{stage} failed: {child.stderr.read().decode()[-3000:]}")
     out = run_dir / (layout.VALIDATION_RESULTS if stage == "validate" else layout.PREPARED_MANIFEST)
-    return {"wall": wall, "rows_per_second": json.loads(out.read_text())["throughput"]["rows_per_second"],
+    throughput = json.loads(out.read_text())["throughput"]
+    return {"wall": wall, "rows_per_second": throughput["rows_per_second"], "phases": throughput["us_per_row"],
             "peak_rss_mb": usage.ru_maxrss / 1024}
 
 
-def measure(rows: int, features: int, root: Path, chunk_rows: int) -> dict:
+def plain_read(path: Path, how: str) -> tuple[float, float]:
+    out = subprocess.run([sys.executable, "-c", READ, str(path), how], capture_output=True, text=True, check=True)
+    rate, rss = out.stdout.split()
+    return float(rate), int(rss) / 1024
+
+
+def make_tables(root: Path, rows: int, features: int, file_format: str) -> dict[int, Path]:
+    """Volumes holding the R-row file and the 10R-row file (the R file's rows ten times)."""
+    import pyarrow.parquet as pq
+
     from trainyard_prep.example_data import write_synthetic
 
-    volume = root / f"v{rows}"
-    (path,) = write_synthetic(volume / layout.DATASETS / "bench", rows=rows, features=features, classes=2)
-    config_json = config_for(features, chunk_rows).model_dump_json()
+    small = root / f"{file_format}-{features}-1x"
+    (path,) = write_synthetic(small / layout.DATASETS / "bench", rows=rows, features=features, classes=2,
+                              file_format=file_format)
+    large = root / f"{file_format}-{features}-10x"
+    target = large / path.relative_to(small)
+    target.parent.mkdir(parents=True)
+    if file_format == "parquet":
+        table = pq.read_table(path)
+        with pq.ParquetWriter(target, table.schema) as writer:
+            for _ in range(10):
+                writer.write_table(table, row_group_size=200_000)
+    else:
+        with path.open("rb") as source, target.open("wb") as out:
+            header = source.readline()
+            body = source.read()
+            out.write(header)
+            for _ in range(10):
+                out.write(body)
+    return {rows: small, rows * 10: large}
+
+
+def measure(volume: Path, rows: int, features: int, file_format: str) -> dict:
+    config_json = config_for(features, file_format).model_dump_json()
+    (path,) = (volume / layout.DATASETS / "bench").rglob(f"*.{file_format}")
     run_dir = volume / layout.RUNS / "bench" / "r"
     validate = run_stage("validate", volume, run_dir, config_json)
     prepare = run_stage("prepare", volume, run_dir, config_json)
-    read = subprocess.run([sys.executable, "-c", READ_CSV, str(path)], capture_output=True, text=True, check=True)
-    read_rps, read_rss = read.stdout.split()
+    reads = {how: plain_read(path, how) for how in ("pandas", "pyarrow")}
+    shutil.rmtree(volume / layout.RUNS)  # the shards: disk for the next size
     both = 1 / (1 / validate["rows_per_second"] + 1 / prepare["rows_per_second"])
     return {"rows": rows, "mb": path.stat().st_size / 1e6, "validate": validate, "prepare": prepare,
-            "stage_rows_per_second": both, "read_csv_rows_per_second": float(read_rps),
-            "read_csv_peak_rss_mb": int(read_rss) / 1024}
+            "together": both, "reads": reads}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--features", type=int, default=16)
-    parser.add_argument("--chunk-rows", type=int, default=50_000, help="prep.chunk_rows (bounds memory)")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        small = measure(args.rows, args.features, Path(tmp), args.chunk_rows)
-        large = measure(args.rows * 10, args.features, Path(tmp), args.chunk_rows)
-    print(f"prep bench: {args.features} float features + label, chunk_rows={args.chunk_rows}")
-    for r in (small, large):
-        print(f"  {r['rows']:>9,} rows ({r['mb']:.0f} MB): validate {r['validate']['rows_per_second']:>9,.0f} rows/s "
-              f"({r['validate']['wall']:.1f} s wall, peak {r['validate']['peak_rss_mb']:.0f} MB); "
-              f"prepare {r['prepare']['rows_per_second']:>9,.0f} rows/s ({r['prepare']['wall']:.1f} s wall, "
-              f"peak {r['prepare']['peak_rss_mb']:.0f} MB)")
-        ratio = r["stage_rows_per_second"] / r["read_csv_rows_per_second"]
-        print(f"            validate+prepare {r['stage_rows_per_second']:,.0f} rows/s vs pandas.read_csv "
-              f"{r['read_csv_rows_per_second']:,.0f} rows/s -> {ratio:.2f}x "
-              f"(target >= 0.5x); read_csv peak {r['read_csv_peak_rss_mb']:.0f} MB")
+def phases(stage: dict) -> str:
+    return ", ".join(f"{name} {us:.2f}" for name, us in stage["phases"].items())
+
+
+def report(file_format: str, features: int, results: list[dict]) -> None:
+    print(f"{file_format}, {features} float features + label:")
+    for r in results:
+        read_name, (read_rate, read_rss) = max(r["reads"].items(), key=lambda item: item[1][0])
+        v, p = r["validate"], r["prepare"]
+        print(f"  {r['rows']:>11,} rows ({r['mb']:,.0f} MB): read pandas {r['reads']['pandas'][0]:,.0f} / pyarrow "
+              f"{r['reads']['pyarrow'][0]:,.0f} rows/s; validate {v['rows_per_second']:,.0f} rows/s "
+              f"({v['wall']:.1f} s wall, peak {v['peak_rss_mb']:,.0f} MB); prepare {p['rows_per_second']:,.0f} "
+              f"rows/s ({p['wall']:.1f} s wall, peak {p['peak_rss_mb']:,.0f} MB)")
+        print(f"      validate+prepare {r['together']:,.0f} rows/s vs {read_name} read {read_rate:,.0f} rows/s "
+              f"(peak {read_rss:,.0f} MB) -> {r['together'] / read_rate:.2f}x (target >= 0.5x)")
+        print(f"      us/row: validate [{phases(v)}]; prepare [{phases(p)}]")
+    small, large = results
     growth = max(large["validate"]["peak_rss_mb"], large["prepare"]["peak_rss_mb"]) / max(
         small["validate"]["peak_rss_mb"], small["prepare"]["peak_rss_mb"])
     print(f"  peak RSS growth 1x -> 10x rows: {growth:.2f}x (target <= 1.3x)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="R: the small table's rows (the large has 10R)")
+    parser.add_argument("--features", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--formats", nargs="+", choices=["csv", "parquet"], default=["csv", "parquet"])
+    parser.add_argument("--tmp", type=Path, default=None, help="where the tables go (needs ~10 GB at the defaults)")
+    args = parser.parse_args()
+    print(f"prep bench: {os.cpu_count()} cores; stage rows/s exclude imports; automatic chunk size")
+    for file_format in args.formats:
+        for features in args.features:
+            with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+                volumes = make_tables(Path(tmp), args.rows, features, file_format)
+                results = [measure(volume, rows, features, file_format) for rows, volume in volumes.items()]
+            report(file_format, features, results)
     return 0
 
 

@@ -5,19 +5,22 @@ result with the same names, and every image installs it (no Airflow, no TensorFl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainyard_contract.atomic import write_json
 from trainyard_contract.schema import PipelineConfig
 
 log = logging.getLogger("trainyard")
+T = TypeVar("T")
+_END = object()
 
 # Exit codes of every stage entrypoint; the operators do not retry 2 and 3 (a retry would fail the same way).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_INPUT = 0, 1, 2, 3
@@ -107,13 +110,15 @@ def relative_to_volume(volume: Path, path: Path) -> str:
 
 
 class Progress:
-    """Logs rows and MB/s at most every `every` seconds, and a final line."""
+    """Logs rows and MB/s at most every `every` seconds, and a final line; with `phase`/`timed`, the seconds of
+    each phase of the work, reported as microseconds per row (where a stage's time goes)."""
 
     def __init__(self, what: str, every: float = 5.0):
         self.what, self.every = what, every
         self.rows = 0
         self.bytes = 0
         self.start = self.last = time.monotonic()
+        self.phases: dict[str, float] = {}
 
     def add(self, rows: int, nbytes: int) -> None:
         self.rows += rows
@@ -123,11 +128,33 @@ class Progress:
             self.last = now
             self._log("progress")
 
-    def done(self) -> dict[str, float]:
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
+
+    def timed(self, name: str, items: Iterable[T]) -> Iterator[T]:
+        """`items`, with the time spent producing each one (reading a chunk, say) counted as phase `name`."""
+        iterator = iter(items)
+        while True:
+            with self.phase(name):
+                item = next(iterator, _END)
+            if item is _END:
+                return
+            yield item  # type: ignore[misc]
+
+    def done(self) -> dict[str, Any]:
         self._log("done")
         elapsed = max(time.monotonic() - self.start, 1e-9)
-        return {"rows": self.rows, "bytes": self.bytes, "seconds": round(elapsed, 3),
-                "rows_per_second": round(self.rows / elapsed, 1)}
+        out: dict[str, Any] = {"rows": self.rows, "bytes": self.bytes, "seconds": round(elapsed, 3),
+                               "rows_per_second": round(self.rows / elapsed, 1)}
+        if self.phases:
+            rows = max(self.rows, 1)
+            out["us_per_row"] = {name: round(seconds * 1e6 / rows, 3) for name, seconds in self.phases.items()}
+        return out
 
     def _log(self, label: str) -> None:
         elapsed = max(time.monotonic() - self.start, 1e-9)

@@ -278,10 +278,26 @@ class StageImage(Strict):
     resources: Resources = shared(Resources())
 
 
+# Automatic chunks: about 64 MB of float64 cells, but never under 200k rows: each chunk is one Great Expectations
+# validation, whose fixed cost (~6 ms per expectation) grows with the columns as the cells per row do.
+CHUNK_CELLS = 8_000_000
+CHUNK_ROWS_RANGE = (200_000, 1_000_000)
+
+
 class PrepConfig(Strict):
     image: ImageRef = "trainyard/prep:0.1.0"
     resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
-    chunk_rows: int = Field(50_000, ge=100, le=5_000_000)
+    chunk_rows: int | None = Field(
+        None, ge=100, le=5_000_000, description="rows per chunk read, validated and written; default: about "
+        "8M cells (64 MB of numbers) per chunk, 200k to 1M rows. Memory is bounded by the chunk, and each "
+        "chunk is one Great Expectations validation, which has a fixed cost")
+
+    def rows_per_chunk(self, columns: int) -> int:
+        """`chunk_rows`, or the automatic size for a table of `columns` columns."""
+        if self.chunk_rows is not None:
+            return self.chunk_rows
+        low, high = CHUNK_ROWS_RANGE
+        return max(low, min(high, CHUNK_CELLS // max(columns, 1)))
 
 
 class ReplicaSet(Strict):
@@ -331,6 +347,10 @@ class TrainingConfig(Strict):
     batch_size: int = Field(64, ge=1, le=1_000_000)
     learning_rate: float = Field(0.01, gt=0, le=10)
     checkpoint_every_steps: int = Field(100, ge=1)
+    steps_per_execution: int = Field(
+        20, ge=1, le=10_000, description="training steps run by one call of the compiled step function (on one "
+        "worker, for parameter_server): fewer dispatches per step, Keras' steps_per_execution; a checkpoint "
+        "interval is cut into such calls")
     restart_budget: int = Field(3, ge=0, le=100)
     port: int = Field(2222, ge=1024, le=65535)
     pool: PoolName = Field("trainyard_training", description="Airflow pool of the train task: its slots are how "
@@ -347,10 +367,6 @@ class TrainingConfig(Strict):
                              f"(got {self.ps.replicas})")
         if self.strategy == "single":
             for role, replicas in (("ps", self.ps.replicas), ("workers", self.workers.replicas)):
-    steps_per_execution: int = Field(
-        20, ge=1, le=10_000, description="training steps run by one call of the compiled step function (on one "
-        "worker, for parameter_server): fewer dispatches per step, Keras' steps_per_execution; a checkpoint "
-        "interval is cut into such calls")
                 if replicas:
                     raise ValueError(f"@{role}.replicas: single training runs on the chief alone: set 0 "
                                      f"(got {replicas})")

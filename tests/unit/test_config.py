@@ -246,3 +246,16 @@ def test_a_metric_error_is_placed_on_its_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_pipeline_file(path)
     assert info.value.lines[0].startswith(f"{path}:7:23: evaluation.metrics.1: 'mse' is a regression metric")
+
+
+def test_chunk_rows_default_to_a_cell_budget_within_bounds() -> None:
+    from trainyard_contract.schema import PrepConfig
+
+    auto = PrepConfig()
+    assert auto.chunk_rows is None
+    assert auto.rows_per_chunk(17) == 470_588  # 16 features + label: about 8M cells
+    assert auto.rows_per_chunk(5) == 1_000_000  # at most 1M rows
+    assert auto.rows_per_chunk(65) == 200_000  # at least 200k rows, whatever the columns
+    assert PrepConfig(chunk_rows=1234).rows_per_chunk(17) == 1234
+    with pytest.raises(ValidationError, match="greater than or equal to 100"):
+        PrepConfig(chunk_rows=10)

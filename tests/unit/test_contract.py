@@ -22,7 +22,8 @@ IMAGE_PACKAGES = {"trainyard_prep", "trainyard_trainer", "trainyard_serving"}
 # import name -> the distribution (pip line or base image) that brings it
 HEAVY = {"tensorflow": "tensorflow", "keras": "tensorflow", "great_expectations": "great-expectations",
          "pandas": "pandas", "tensorflow_serving": "tensorflow-serving-api", "sklearn": "scikit-learn",
-         "tensorboard": "tensorboard", "yaml": "pyyaml", "pyarrow": "pyarrow"}
+         "tensorboard": "tensorboard", "yaml": "pyyaml", "pyarrow": "pyarrow",
+         "google_crc32c": "google-crc32c"}
 BASE_IMAGES = {"tensorflow/tensorflow": {"tensorflow"}, "python": set()}
 
 IMPORT_ALL = r"""

@@ -7,7 +7,31 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 
-from trainyard_prep.encoding import MixedExampleEncoder, NumericExampleEncoder, ProtoExampleEncoder, varint_encode
+from trainyard_prep.encoding import Columns, MixedExampleEncoder, NumericExampleEncoder, varint_encode
+
+
+class ProtoExampleEncoder:
+    """The reference: one `tf.train.Example` per row through protobuf's own API and serializer."""
+
+    def __init__(self, columns: Columns):
+        self.columns = list(columns)
+
+    def encode(self, frame: pd.DataFrame) -> list[bytes]:
+        out = []
+        values = {name: frame[name].tolist() for name, _ in self.columns}
+        for row in range(len(frame)):
+            feature = {}
+            for name, dtype in self.columns:
+                value = values[name][row]
+                if dtype == "float":
+                    feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
+                elif dtype == "int":
+                    feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
+                else:
+                    text = "" if value is None or (isinstance(value, float) and np.isnan(value)) else str(value)
+                    feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()]))
+            out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        return out
 
 
 def decode_varint(data: bytes) -> int:

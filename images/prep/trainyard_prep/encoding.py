@@ -7,9 +7,8 @@ its little-endian float32 or varint int64 value go straight into one byte buffer
 `MixedExampleEncoder` joins those numeric entries with cached per-value text entries.
 
 Columns are (name, dtype) pairs in the stored dtypes (`Feature.stored_dtype`, and the label's: int class index or
-float value), the label last; frames hold them already typed. Both encoders produce Examples that
-`tf.io.parse_example` reads identically to protobuf's own serializer (`ProtoExampleEncoder`; tested in
-tests/unit/test_encoding.py).
+float value), the label last; frames hold them already typed. Both encoders produce the bytes protobuf's own
+serializer produces for the same Example (tests/unit/test_encoding.py compares them with a protobuf reference).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from trainyard_contract.runtime import StageError
+from trainyard_prep.tfrecord import Rows, TFRecordFile
 
 
 def varint_encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -65,10 +65,16 @@ class NumericExampleEncoder:
                 raise StageError(f"feature name {name[:20]}... is longer than 100 bytes")
 
     def _column_values(self, frame: pd.DataFrame) -> list[np.ndarray]:
+        """Per column: float32 little-endian bytes [rows, 4], or int64 values. The float columns are converted
+        in one block (one pass over the chunk, not one per column)."""
+        floats = [name for name, dtype in self.columns if dtype == "float"]
+        block = np.ascontiguousarray(frame[floats].to_numpy(dtype="<f4")).view(np.uint8) if floats else None
+        position = {name: i for i, name in enumerate(floats)}
         values = []
         for name, dtype in self.columns:
             if dtype == "float":
-                values.append(frame[name].to_numpy(dtype=np.float32).astype("<f4").view(np.uint8).reshape(-1, 4))
+                j = position[name]
+                values.append(block[:, 4 * j : 4 * j + 4])
                 continue
             column = frame[name]
             if column.isna().any():
@@ -76,10 +82,9 @@ class NumericExampleEncoder:
             values.append(np.asarray(column, dtype=np.int64))
         return values
 
-    def encode(self, frame: pd.DataFrame) -> list[bytes]:
+    def _blocks(self, frame: pd.DataFrame) -> Iterator[tuple[np.ndarray, Rows]]:
+        """(row numbers, the records as Rows) per byte layout; one block when every row shares one."""
         n = len(frame)
-        if n == 0:
-            return []
         values = self._column_values(frame)
         varints = {i: varint_encode(v) for i, v in enumerate(values) if v.dtype == np.int64}
         lengths_by_row = np.stack([lengths for _, lengths in varints.values()], axis=1) if varints else (
@@ -91,21 +96,34 @@ class NumericExampleEncoder:
         else:
             _, first, layout_of_row = np.unique(keys, return_index=True, return_inverse=True)
             layouts, layout_of_row = lengths_by_row[first], layout_of_row.reshape(-1)
-        records: list[bytes] = [b""] * n
         for layout_index, layout in enumerate(layouts):
             rows = np.flatnonzero(layout_of_row == layout_index)
+            every = len(rows) == n  # one layout: columns are copied as they are, not gathered by row
             lengths = dict(zip(varints, layout.tolist(), strict=True))
             template, slots = self._template(lengths)
             matrix = np.broadcast_to(np.frombuffer(template, dtype=np.uint8), (len(rows), len(template))).copy()
             for column, (offset, width) in slots.items():
-                if column in varints:
-                    matrix[:, offset : offset + width] = varints[column][0][rows, :width]
-                else:
-                    matrix[:, offset : offset + width] = values[column][rows]
-            view = memoryview(matrix).cast("B")
-            width = len(template)
+                source = varints[column][0][:, :width] if column in varints else values[column]
+                matrix[:, offset : offset + width] = source if every else source[rows]
+            varying = np.concatenate([np.arange(offset, offset + width) for offset, width in slots.values()])
+            yield rows, Rows(matrix, template, varying)
+
+    def encode_rows(self, frame: pd.DataFrame) -> Rows | None:
+        """The records as one Rows matrix when every row has the same byte layout, else None."""
+        if len(frame) == 0:
+            return None
+        rows, records = next(self._blocks(frame))
+        return records if len(rows) == len(frame) else None
+
+    def encode(self, frame: pd.DataFrame) -> list[bytes]:
+        n = len(frame)
+        if n == 0:
+            return []
+        records: list[bytes] = [b""] * n
+        for rows, block in self._blocks(frame):
+            data, width = block.matrix.tobytes(), block.matrix.shape[1]
             for position, row in enumerate(rows.tolist()):
-                records[row] = view[position * width : (position + 1) * width].tobytes()
+                records[row] = data[position * width : (position + 1) * width]
         return records
 
     def _template(self, varint_lengths: dict[int, int]) -> tuple[bytes, dict[int, tuple[int, int]]]:
@@ -192,56 +210,35 @@ def strip_header(record: bytes) -> bytes:
     return record[position + 1 :]
 
 
-class ProtoExampleEncoder:
-    """The general path (any dtype, strings included) through the protobuf API; slower, one proto per row."""
-
-    def __init__(self, columns: Columns):
-        self.columns = list(columns)
-
-    def encode(self, frame: pd.DataFrame) -> list[bytes]:
-        import tensorflow as tf
-
-        out = []
-        values = {name: frame[name].tolist() for name, _ in self.columns}
-        for row in range(len(frame)):
-            feature = {}
-            for name, dtype in self.columns:
-                value = values[name][row]
-                if dtype == "float":
-                    feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
-                elif dtype == "int":
-                    feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
-                else:
-                    text = "" if value is None or (isinstance(value, float) and np.isnan(value)) else str(value)
-                    feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()]))
-            out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-        return out
-
-
 class ExampleEncoder:
     """The vectorised numeric encoder when every column is numeric, the mixed one with text columns; writes
-    records to TFRecord files. (ProtoExampleEncoder is the reference both are tested against.)"""
+    records to TFRecord files without TensorFlow (tfrecord.py)."""
 
     def __init__(self, columns: Columns):
         numeric = all(dtype in ("float", "int") for _, dtype in columns)
         self.impl = NumericExampleEncoder(columns) if numeric else MixedExampleEncoder(columns)
 
     @contextmanager
-    def open_writers(self, paths: Sequence[Path]) -> Iterator[list[Any]]:
-        import tensorflow as tf
-
-        writers = []
+    def open_writers(self, paths: Sequence[Path]) -> Iterator[list[TFRecordFile]]:
+        writers: list[TFRecordFile] = []
         try:
             for path in paths:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                writers.append(tf.io.TFRecordWriter(str(path)))
+                writers.append(TFRecordFile(path))
             yield writers
         finally:
             for writer in writers:
                 writer.close()
 
-    def write(self, writer: Any, frame: pd.DataFrame) -> int:
-        records = self.impl.encode(frame)
-        for record in records:
-            writer.write(record)
-        return len(records)
+    def encode(self, frame: pd.DataFrame) -> Rows | list[bytes]:
+        """A chunk's records: one Rows matrix when every row has the same byte layout (numeric columns), else
+        a list of records."""
+        if isinstance(self.impl, NumericExampleEncoder):
+            matrix = self.impl.encode_rows(frame)
+            if matrix is not None:
+                return matrix
+        return self.impl.encode(frame)
+
+    def write(self, writer: TFRecordFile, frame: pd.DataFrame) -> int:
+        """Encode a chunk's rows and frame them into `writer` in one write."""
+        return writer.write(self.encode(frame))

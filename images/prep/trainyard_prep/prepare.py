@@ -1,6 +1,6 @@
 """prepare_data: pinned CSV / Parquet inputs -> deterministic train/eval TFRecord shards + schema, stats and manifest.
 
-Streaming: files are read in chunks of `prep.chunk_rows`, so memory does not grow with the number of rows.
+Streaming: files are read in chunks of `prep.rows_per_chunk` rows, so memory does not grow with the number of rows.
 Deterministic: each row's split and shard come from a seeded hash of its content, so the output does not depend
 on chunk size, file order or how many times the stage runs. Everything is written under a temporary sibling of
 `<run>/prepared/` and renamed into place at the end.
@@ -22,7 +22,7 @@ from trainyard_contract.atomic import staged_dir, write_json
 from trainyard_contract.runtime import Progress, StageError, log
 from trainyard_contract.schema import DataConfig, Feature, PipelineConfig
 from trainyard_prep.encoding import ExampleEncoder
-from trainyard_prep.readers import read_chunks, text_columns
+from trainyard_prep.readers import prefetched, read_chunks, text_columns
 
 HASH_BUCKETS = 10_000
 
@@ -55,6 +55,10 @@ class RunningStats:
     def update(self, values: np.ndarray) -> None:
         if values.shape[0] == 0 or values.shape[1] == 0:
             return
+        if not np.isnan(values.sum(axis=0)).any():  # no missing value (the common case): fewer passes
+            self._merge(values.shape[0], values.mean(axis=0), values.var(axis=0) * values.shape[0],
+                        values.min(axis=0), values.max(axis=0))
+            return
         present = ~np.isnan(values)
         n = present.sum(axis=0).astype(np.float64)
         self.missing += (~present).sum(axis=0)
@@ -62,14 +66,20 @@ class RunningStats:
         with np.errstate(invalid="ignore", divide="ignore"):
             batch_mean = np.where(n > 0, filled.sum(axis=0) / np.maximum(n, 1), 0.0)
             batch_m2 = (np.where(present, values - batch_mean, 0.0) ** 2).sum(axis=0)
+        self._merge(n, batch_mean, batch_m2, np.where(present, values, np.inf).min(axis=0),
+                    np.where(present, values, -np.inf).max(axis=0))
+
+    def _merge(self, n: np.ndarray | int, batch_mean: np.ndarray, batch_m2: np.ndarray, low: np.ndarray,
+               high: np.ndarray) -> None:
+        """Chan's parallel merge of a batch's count, mean, sum of squared deviations, min and max."""
         total = self.count + n
         delta = batch_mean - self.mean
         safe = np.maximum(total, 1)
         self.mean = np.where(total > 0, self.mean + delta * n / safe, 0.0)
         self.m2 = self.m2 + batch_m2 + delta**2 * self.count * n / safe
         self.count = total
-        self.min = np.minimum(self.min, np.where(present, values, np.inf).min(axis=0))
-        self.max = np.maximum(self.max, np.where(present, values, -np.inf).max(axis=0))
+        self.min = np.minimum(self.min, low)
+        self.max = np.maximum(self.max, high)
 
     def as_dict(self) -> dict[str, Any]:
         out = {}
@@ -121,6 +131,16 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
+def class_indices(values: pd.Series, class_index: dict[str, int]) -> pd.Series:
+    """Each label's class index (NaN where it is not a class). Classes are named as text in `class_index`; an
+    int-typed column is looked up by its distinct values, so there is no str() per row."""
+    if values.dtype.kind in "iu":
+        distinct = pd.unique(values)
+        by_value = {value: class_index.get(str(value)) for value in distinct.tolist()}
+        return values.map({k: v for k, v in by_value.items() if v is not None})
+    return values.astype(str).map(class_index)
+
+
 def typed_frame(chunk: pd.DataFrame, data: DataConfig, class_index: dict[str, int], source: str) -> pd.DataFrame:
     """The chunk in the stored dtypes, label last: float64 / int64 / str (missing text is ""), the label as its
     class index (classification) or float64 value. Split hashes, statistics and shards all read this frame, so
@@ -142,7 +162,7 @@ def typed_frame(chunk: pd.DataFrame, data: DataConfig, class_index: dict[str, in
     label = data.label
     values = chunk[label.name]
     if label.task == "classification":
-        index = values.astype(str).map(class_index)
+        index = class_indices(values, class_index)
         if index.isna().any():
             bad = values[index.isna()].iloc[0]
             raise StageError(f"{source}: label {_plain(bad)!r} is not in data.label.classes")
@@ -211,22 +231,28 @@ def prepare(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> 
         }
         shard_rows = {name: [0] * len(paths) for name, paths in writers.items()}
         with encoder.open_writers([p for paths in writers.values() for p in paths]) as sinks:
-            progress = Progress("prepare")  # started after TensorFlow is loaded: rows/s of the work itself
+            progress = Progress("prepare")  # started once the shard files are open: rows/s of the work itself
             sink_of = {"train": sinks[: data.shards.train], "eval": sinks[data.shards.train :]}
             for entry in manifest["files"]:
                 path = run_dir / entry["snapshot"]
-                for chunk, nbytes in read_chunks(path, config.prep.chunk_rows, read_columns, text):
+                chunks = read_chunks(path, config.prep.rows_per_chunk(len(read_columns)), read_columns, text)
+                for chunk, nbytes in progress.timed("read", prefetched(chunks)):
                     missing = [c for c in read_columns if c not in chunk.columns]
                     if missing:
                         raise StageError(f"{entry['source']}: missing column(s) {missing} (did validate_data run?)")
-                    frame = typed_frame(chunk, data, class_index, entry["source"])
-                    is_eval, shard = split_and_shard(frame, split.seed, split.eval_fraction, data.shards.train,
-                                                     data.shards.eval)
-                    train_rows = frame[~is_eval]
-                    stats.update(train_rows[numeric].to_numpy(dtype=np.float64))
-                    vocab.update(train_rows)
-                    if label.task == "regression":
-                        label_stats.update(train_rows[[label.name]].to_numpy(dtype=np.float64))
+                    with progress.phase("cast"):
+                        frame = typed_frame(chunk, data, class_index, entry["source"])
+                    rows = len(chunk)
+                    del chunk  # the typed frame is all that is needed: one chunk less in memory
+                    with progress.phase("hash_split"):
+                        is_eval, shard = split_and_shard(frame, split.seed, split.eval_fraction, data.shards.train,
+                                                         data.shards.eval)
+                    with progress.phase("statistics"):
+                        train_rows = frame[~is_eval]
+                        stats.update(train_rows[numeric].to_numpy(dtype=np.float64))
+                        vocab.update(train_rows)
+                        if label.task == "regression":
+                            label_stats.update(train_rows[[label.name]].to_numpy(dtype=np.float64))
                     for name, mask in (("train", ~is_eval), ("eval", is_eval)):
                         if not mask.any():
                             continue
@@ -235,9 +261,11 @@ def prepare(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> 
                         if classes:
                             label_counts[name] += np.bincount(part[label.name].to_numpy(), minlength=len(classes))
                         for index in np.unique(part_shards):
-                            count = encoder.write(sink_of[name][index], part[part_shards == index])
-                            shard_rows[name][index] += count
-                    progress.add(len(chunk), nbytes)
+                            with progress.phase("encode"):
+                                records = encoder.encode(part[part_shards == index])
+                            with progress.phase("write"):
+                                shard_rows[name][index] += sink_of[name][index].write(records)
+                    progress.add(rows, nbytes)
         totals = {name: sum(counts) for name, counts in shard_rows.items()}
         if totals["train"] == 0 or totals["eval"] == 0:
             raise StageError(

@@ -7,13 +7,19 @@ frame's attrs the file's header and how a row is named in messages: `line N` for
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import queue
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 
 from trainyard_contract.runtime import StageError
 from trainyard_contract.schema import DataConfig
+
+T = TypeVar("T")
+_DONE = object()
 
 
 def read_chunks(path: Path, chunk_rows: int, columns: list[str] | None = None,
@@ -128,3 +134,49 @@ def text_columns(data: DataConfig) -> frozenset[str]:
     if data.label.dtype == "string":
         names.add(data.label.name)
     return frozenset(names)
+
+
+def prefetched(items: Iterable[T]) -> Iterator[T]:
+    """`items`, each produced by a background thread while the stage works on the one before: the next chunk
+    is read and parsed (pandas' and pyarrow's parsers release the GIL) during this one's work. The producer
+    starts on an item only once the previous one was taken, so at most one chunk more than the stage's own is
+    in memory. An error in the producer is raised here, in order; stopping early stops the producer."""
+    slots: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def taken() -> bool:
+        """Wait until the consumer took the last item (or stopped); False when it stopped."""
+        with slots.all_tasks_done:
+            while slots.unfinished_tasks and not stop.is_set():
+                slots.all_tasks_done.wait(timeout=0.1)
+        return not stop.is_set()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                slots.put((item, None))
+                if not taken():
+                    return
+            slots.put((_DONE, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            slots.put((_DONE, exc))
+
+    thread = threading.Thread(target=produce, name="prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = slots.get()
+            slots.task_done()
+            if error is not None:
+                raise error
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # a producer blocked on a full queue: take its item so it can see the stop
+            try:
+                slots.get_nowait()
+                slots.task_done()
+            except queue.Empty:
+                thread.join(timeout=0.1)

@@ -1,6 +1,6 @@
 """validate_data: a Great Expectations suite built from the config, run on the run's pinned input files.
 
-Each file is read in chunks (memory stays bounded by `prep.chunk_rows`), each chunk is one GE validation, and the
+Each file is read in chunks (memory stays bounded by `prep.rows_per_chunk`), each chunk is one GE validation, and the
 table-level row count is checked on the total. Results JSON and Data Docs (made to open offline) go to
 `<run>/validation/` by temp-then-rename; a failure prints one line per problem, naming the file and column.
 """
@@ -23,7 +23,7 @@ from trainyard_contract.atomic import staged_dir, write_json
 from trainyard_contract.runtime import Progress, StageError
 from trainyard_contract.schema import DataConfig, PipelineConfig
 from trainyard_prep.datadocs import make_offline
-from trainyard_prep.readers import header_of, read_chunks, row_name, text_columns, truncated_rows
+from trainyard_prep.readers import header_of, prefetched, read_chunks, row_name, text_columns, truncated_rows
 
 NUMERIC_TYPES = {"float": ["float64", "float32", "int64", "int32", "int16", "int8", "Float64", "Int64"],
                  "int": ["int64", "int32", "int16", "int8", "Int64"]}
@@ -237,14 +237,18 @@ def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineCo
             reports.append(report)
             path = run_dir / entry["snapshot"]
             try:
-                for chunk, nbytes in read_chunks(path, config.prep.chunk_rows, expected, text):
+                chunks = read_chunks(path, config.prep.rows_per_chunk(len(expected)), expected, text)
+                for chunk, nbytes in progress.timed("read", prefetched(chunks)):
                     report.chunks += 1
                     if config.data.label.task == "classification" and config.data.label.name in chunk.columns:
-                        for value, count in chunk[config.data.label.name].astype(str).value_counts().items():
-                            class_counts[value] = class_counts.get(value, 0) + int(count)
+                        for value, count in chunk[config.data.label.name].value_counts().items():
+                            key = str(value)  # counted first, then named: not a str() per row
+                            class_counts[key] = class_counts.get(key, 0) + int(count)
                     report.rows += len(chunk)
                     progress.add(len(chunk), nbytes)
-                    result = runner.validate(chunk, f"{Path(entry['source']).parent.name}-{path.name}-{report.chunks}")
+                    with progress.phase("great_expectations"):
+                        result = runner.validate(chunk, f"{Path(entry['source']).parent.name}-{path.name}-"
+                                                 f"{report.chunks}")
                     truncated = truncated_rows(chunk)
                     for index in truncated[:5]:
                         filled = int(chunk.loc[index].notna().sum())
@@ -269,8 +273,9 @@ def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineCo
         absent = missing_classes(config.data, class_counts)
         if absent:
             table_problems.append(absent)
-        runner.build_docs()
-        make_offline(out / layout.DATA_DOCS.name)
+        with progress.phase("data_docs"):
+            runner.build_docs()
+            make_offline(out / layout.DATA_DOCS.name)
         success = not table_problems and all(not r.problems for r in reports)
         summary = {
             "success": success,

@@ -1,0 +1,95 @@
+"""prepare_data writes TFRecord files without TensorFlow: they must be the bytes TensorFlow's own writer writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+import pandas as pd
+import pytest
+import tensorflow as tf
+
+from trainyard_prep.encoding import ExampleEncoder
+from trainyard_prep.tfrecord import Rows, TemplateCRC, TFRecordFile, masked_crc32c
+
+
+def tensorflow_file(path: Path, records: list[bytes]) -> bytes:
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in records:
+            writer.write(record)
+    return path.read_bytes()
+
+
+def test_records_of_any_length_are_framed_as_tensorflow_frames_them(tmp_path: Path) -> None:
+    records = [b"", b"x", bytes(range(256)) * 3, "Zürich".encode(), b"\x00" * 70_000]
+    with TFRecordFile(tmp_path / "ours.tfrecord") as ours:
+        assert ours.write_records(records[:2]) == 2
+        assert ours.write_records(records[2:]) == 3
+        assert ours.write_records([]) == 0
+    assert (tmp_path / "ours.tfrecord").read_bytes() == tensorflow_file(tmp_path / "tf.tfrecord", records)
+    read = [r.numpy() for r in tf.data.TFRecordDataset(str(tmp_path / "ours.tfrecord"))]
+    assert read == records
+
+
+def template_rows(count: int, width: int, varying: list[int], seed: int = 0) -> Rows:
+    """Records equal to a random template except at `varying`, where each record has random bytes."""
+    rng = np.random.default_rng(seed)
+    template = rng.integers(0, 256, size=width, dtype=np.uint8)
+    positions = np.array(varying, dtype=np.int64)
+    template[positions] = 0
+    matrix = np.broadcast_to(template, (count, width)).copy()
+    matrix[:, positions] = rng.integers(0, 256, size=(count, len(positions)), dtype=np.uint8)
+    return Rows(matrix, template.tobytes(), positions)
+
+
+def test_rows_sharing_a_template_are_framed_as_tensorflow_frames_them(tmp_path: Path) -> None:
+    rows = template_rows(1000, 37, [0, 5, 6, 7, 8, 36])
+    with TFRecordFile(tmp_path / "ours.tfrecord") as ours:
+        ours.write_rows(Rows(rows.matrix[:600], rows.template, rows.positions))
+        ours.write_rows(Rows(rows.matrix[600:], rows.template, rows.positions))
+        ours.write_rows(Rows(rows.matrix[:0], rows.template, rows.positions))
+        assert ours.records == 1000
+    expected = tensorflow_file(tmp_path / "tf.tfrecord", [row.tobytes() for row in rows.matrix])
+    assert (tmp_path / "ours.tfrecord").read_bytes() == expected
+
+
+@pytest.mark.parametrize(("width", "varying"), [(1, [0]), (40, list(range(40))), (300, [3, 150, 299])])
+def test_template_crcs_equal_a_crc32c_of_each_record(width: int, varying: list[int]) -> None:
+    rows = template_rows(500, width, varying, seed=width)
+    crcs = TemplateCRC(rows.template, rows.positions)(rows.matrix)
+    assert crcs.tolist() == [google_crc32c.value(row.tobytes()) for row in rows.matrix]
+
+
+def test_the_crc_is_tensorflows_masked_crc32c() -> None:
+    # crc32c("123456789") = 0xE3069283 (RFC 3720's check value), masked as TensorFlow's crc32c::Mask does
+    crc = 0xE3069283
+    assert masked_crc32c(b"123456789") == ((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+
+def test_a_corrupted_record_is_refused_by_tensorflows_reader(tmp_path: Path) -> None:
+    path = tmp_path / "ours.tfrecord"
+    with TFRecordFile(path) as ours:
+        ours.write_records([b"hello world"] * 3)
+    data = bytearray(path.read_bytes())
+    data[12 + 3] ^= 0xFF  # a byte of the first record's data: its CRC no longer matches
+    path.write_bytes(bytes(data))
+    with pytest.raises(tf.errors.DataLossError):
+        list(tf.data.TFRecordDataset(str(path)))
+
+
+@pytest.mark.parametrize("columns", [
+    [("a", "float"), ("b", "float"), ("label", "int")],  # one layout: Rows and template CRCs
+    [("a", "float"), ("count", "int"), ("label", "int")],  # varints of several lengths: records one by one
+    [("city", "string"), ("a", "float"), ("label", "int")],  # text: the mixed encoder
+])
+def test_every_encoder_path_writes_what_tensorflows_writer_writes(tmp_path: Path, columns: list) -> None:
+    rng = np.random.default_rng(1)
+    frame = pd.DataFrame({"a": rng.normal(size=300), "b": rng.normal(size=300),
+                          "count": rng.integers(0, 10**9, size=300), "city": rng.choice(["Lyon", "Oslo", ""], 300),
+                          "label": rng.integers(0, 3, size=300)})
+    encoder = ExampleEncoder(columns)
+    with encoder.open_writers([tmp_path / "shard"]) as (writer,):
+        assert encoder.write(writer, frame) == 300
+    expected = tensorflow_file(tmp_path / "tf.tfrecord", encoder.impl.encode(frame))
+    assert (tmp_path / "shard").read_bytes() == expected
