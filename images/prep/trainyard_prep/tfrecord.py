@@ -31,10 +31,15 @@ def masked_crc32c(data: bytes) -> int:
     return mask(_crc32c(data))
 
 
-def masked_crcs(records: list[bytes]) -> np.ndarray:
-    """The masked CRC32C of each record, little-endian uint32 (one C call per record, the mask vectorised)."""
-    crcs = np.fromiter(map(_crc32c, records), dtype=np.uint64, count=len(records))
+def mask_all(crcs: np.ndarray) -> np.ndarray:
+    """`mask` of each CRC, vectorised: little-endian uint32, as the file stores them."""
+    crcs = crcs.astype(np.uint64)
     return ((((crcs >> 15) | (crcs << 17)) + MASK_DELTA) & 0xFFFFFFFF).astype("<u4")
+
+
+def masked_crcs(records: list[bytes]) -> np.ndarray:
+    """The masked CRC32C of each record (one C call per record, the mask vectorised)."""
+    return mask_all(np.fromiter(map(_crc32c, records), dtype=np.uint64, count=len(records)))
 
 
 class _Headers:
@@ -131,8 +136,7 @@ def frame_rows(rows: Rows) -> np.ndarray:
     count, width = matrix.shape
     if count == 0:
         return np.empty(0, dtype=np.uint8)
-    crcs = template_crc(rows.template, rows.positions)(matrix).astype(np.uint64)
-    masked = ((((crcs >> 15) | (crcs << 17)) + MASK_DELTA) & 0xFFFFFFFF).astype("<u4")
+    masked = mask_all(template_crc(rows.template, rows.positions)(matrix))
     out = np.empty((count, 12 + width + 4), dtype=np.uint8)
     out[:, :12] = np.frombuffer(_header(width), dtype=np.uint8)
     out[:, 12 : 12 + width] = matrix
