@@ -90,6 +90,6 @@ def test_every_encoder_path_writes_what_tensorflows_writer_writes(tmp_path: Path
                           "label": rng.integers(0, 3, size=300)})
     encoder = ExampleEncoder(columns)
     with encoder.open_writers([tmp_path / "shard"]) as (writer,):
-        assert encoder.write(writer, frame) == 300
+        assert writer.write(encoder.encode(frame)) == 300
     expected = tensorflow_file(tmp_path / "tf.tfrecord", encoder.impl.encode(frame))
     assert (tmp_path / "shard").read_bytes() == expected

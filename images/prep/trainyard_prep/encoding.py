@@ -13,7 +13,7 @@ serializer produces for the same Example (tests/unit/test_encoding.py compares t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -108,19 +108,27 @@ class NumericExampleEncoder:
             varying = np.concatenate([np.arange(offset, offset + width) for offset, width in slots.values()])
             yield rows, Rows(matrix, template, varying)
 
-    def encode_rows(self, frame: pd.DataFrame) -> Rows | None:
-        """The records as one Rows matrix when every row has the same byte layout, else None."""
+    def encode_chunk(self, frame: pd.DataFrame) -> Rows | list[bytes]:
+        """The records as one Rows matrix when every row has the same byte layout, else as a list; the layouts
+        are worked out once either way."""
         if len(frame) == 0:
-            return None
-        rows, records = next(self._blocks(frame))
-        return records if len(rows) == len(frame) else None
+            return []
+        blocks = list(self._blocks(frame))
+        if len(blocks) == 1:
+            return blocks[0][1]
+        return self._records(blocks, len(frame))
 
     def encode(self, frame: pd.DataFrame) -> list[bytes]:
         n = len(frame)
         if n == 0:
             return []
+        return self._records(self._blocks(frame), n)
+
+    @staticmethod
+    def _records(blocks: Iterable[tuple[np.ndarray, Rows]], n: int) -> list[bytes]:
+        """The records of every block, back in row order."""
         records: list[bytes] = [b""] * n
-        for rows, block in self._blocks(frame):
+        for rows, block in blocks:
             data, width = block.matrix.tobytes(), block.matrix.shape[1]
             for position, row in enumerate(rows.tolist()):
                 records[row] = data[position * width : (position + 1) * width]
@@ -231,14 +239,8 @@ class ExampleEncoder:
                 writer.close()
 
     def encode(self, frame: pd.DataFrame) -> Rows | list[bytes]:
-        """A chunk's records: one Rows matrix when every row has the same byte layout (numeric columns), else
-        a list of records."""
+        """A chunk's records, for `TFRecordFile.write`: one Rows matrix when every row has the same byte layout
+        (numeric columns), else a list of records."""
         if isinstance(self.impl, NumericExampleEncoder):
-            matrix = self.impl.encode_rows(frame)
-            if matrix is not None:
-                return matrix
+            return self.impl.encode_chunk(frame)
         return self.impl.encode(frame)
-
-    def write(self, writer: TFRecordFile, frame: pd.DataFrame) -> int:
-        """Encode a chunk's rows and frame them into `writer` in one write."""
-        return writer.write(self.encode(frame))
