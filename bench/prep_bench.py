@@ -10,7 +10,11 @@ phase. The 10R file is the R file's rows repeated 10 times, so generating it cos
 
 Targets: validate+prepare >= 0.5x the faster plain read; peak RSS at 10R <= 1.3x the peak at R.
 
-    python bench/prep_bench.py [--rows 1000000] [--features 16 64] [--formats csv parquet]
+Fan-out: the same data stages over 1 and 2 file groups (`prep.parallelism`), each group's stages in processes
+side by side as mapped tasks run, wall time from first start to last end (target: 2 groups >= 1.6x on 2 cores).
+
+    python bench/prep_bench.py [--rows 1000000] [--features 16 64] [--formats csv parquet] [--fanout-rows N]
+    python bench/prep_bench.py --only-fanout
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ print(rows / (time.perf_counter() - t), resource.getrusage(resource.RUSAGE_SELF)
 """
 
 
-def config_for(features: int, file_format: str):  # noqa: ANN201 - PipelineConfig
+def config_for(features: int, file_format: str, parallelism: int = 1):  # noqa: ANN201 - PipelineConfig
     from trainyard_contract.schema import PipelineConfig
 
     return PipelineConfig.model_validate({
@@ -50,23 +54,34 @@ def config_for(features: int, file_format: str):  # noqa: ANN201 - PipelineConfi
         "data": {"source": "datasets/bench", "format": file_format, "label": {"name": "label", "classes": [0, 1]},
                  "features": [{"name": "f_{i}", "count": features, "dtype": "float", "min": -100, "max": 100}],
                  "shards": {"train": 4, "eval": 1}},
+        "prep": {"parallelism": parallelism},
     })
 
 
-def run_stage(stage: str, volume: Path, run_dir: Path, config_json: str) -> dict:
+def launch(stage: str, volume: Path, run_dir: Path, config_json: str, *extra: str) -> subprocess.Popen:
+    """The stage's entrypoint in its own process, as the local backend starts a pod."""
     env = {**os.environ, "TRAINYARD_CONFIG_JSON": config_json, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    t = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "trainyard_prep", stage, "--volume", str(volume), "--run-dir",
-                              str(run_dir), "--run-id", "bench"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS, not the max over all children
-    wall = time.perf_counter() - t
+    return subprocess.Popen([sys.executable, "-m", "trainyard_prep", stage, "--volume", str(volume), "--run-dir",
+                             str(run_dir), "--run-id", "bench", *extra], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+def finish(child: subprocess.Popen, what: str) -> float:
+    """Wait for `child`; its own peak RSS in MB (not the max over all children)."""
+    _, status, usage = os.wait4(child.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{stage} failed: {child.stderr.read().decode()[-3000:]}")
+        raise SystemExit(f"{what} failed: {child.stderr.read().decode()[-3000:]}")
+    return usage.ru_maxrss / 1024
+
+
+def run_stage(stage: str, volume: Path, run_dir: Path, config_json: str) -> dict:
+    t = time.perf_counter()
+    peak = finish(launch(stage, volume, run_dir, config_json), stage)
+    wall = time.perf_counter() - t
     out = run_dir / (layout.VALIDATION_RESULTS if stage == "validate" else layout.PREPARED_MANIFEST)
     throughput = json.loads(out.read_text())["throughput"]
     return {"wall": wall, "rows_per_second": throughput["rows_per_second"], "phases": throughput["us_per_row"],
-            "peak_rss_mb": usage.ru_maxrss / 1024}
+            "peak_rss_mb": peak}
 
 
 def plain_read(path: Path, how: str) -> tuple[float, float]:
@@ -137,14 +152,58 @@ def report(file_format: str, features: int, results: list[dict]) -> None:
     print(f"  peak RSS growth 1x -> 10x rows: {growth:.2f}x (target <= 1.3x)")
 
 
+def fan_out(root: Path, rows: int, features: int, files: int) -> None:
+    """The data stages as the DAG runs them, one group vs two: validate then prepare in one process each, against
+    pin, two `validate --group` side by side, two `prepare --group` side by side, then merge. Wall seconds of each
+    step and in all, from the first process's start to the last one's end (process starts included: each mapped
+    task is a pod), the CPU seconds the steps used, and a check that both give the same shard bytes."""
+    from trainyard_prep.example_data import write_synthetic
+
+    write_synthetic(root / layout.DATASETS / "bench", rows=rows, features=features, days=files)
+    walls, steps, shards, cpu = {}, {}, {}, {}
+    for groups in (1, 2):
+        config_json = config_for(features, "csv", groups).model_dump_json()
+        run_dir = root / layout.RUNS / "bench" / f"groups-{groups}"
+        plan = [("validate", [()]), ("prepare", [()])] if groups == 1 else [
+            ("pin", [()]), ("validate", [("--group", str(g)) for g in range(groups)]),
+            ("prepare", [("--group", str(g)) for g in range(groups)]), ("merge", [()])]
+        steps[groups] = []
+        before = os.times()
+        for stage, calls in plan:
+            t = time.perf_counter()
+            children = [launch(stage, root, run_dir, config_json, *extra) for extra in calls]
+            for child in children:
+                finish(child, stage)
+            steps[groups].append(f"{stage} {time.perf_counter() - t:.1f}")
+        after = os.times()
+        walls[groups] = sum(float(step.split()[-1]) for step in steps[groups])
+        cpu[groups] = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+        shards[groups] = json.loads((run_dir / layout.PREPARED_MANIFEST).read_text())["shards"]
+    same = "same shard bytes" if shards[1] == shards[2] else "DIFFERENT SHARD BYTES"
+    shard_mb = sum(s["bytes"] for s in shards[1]) / 1e6
+    print(f"fan-out, csv, {features} float features, {rows:,} rows in {files} files, {shard_mb:,.0f} MB of shards "
+          f"({os.cpu_count()} cores):")
+    for groups in (1, 2):
+        print(f"  {groups} group(s): {walls[groups]:.1f} s wall [{', '.join(steps[groups])}], "
+              f"{cpu[groups]:.1f} CPU s ({cpu[groups] / walls[groups]:.2f} cores busy)")
+    print(f"  -> 2 mapped groups {walls[1] / walls[2]:.2f}x the speed of one (expected >= 1.6x on 2 cores); {same}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000, help="R: the small table's rows (the large has 10R)")
     parser.add_argument("--features", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--formats", nargs="+", choices=["csv", "parquet"], default=["csv", "parquet"])
     parser.add_argument("--tmp", type=Path, default=None, help="where the tables go (needs ~10 GB at the defaults)")
+    parser.add_argument("--fanout-rows", type=int, default=4_000_000, help="rows of the 1 vs 2 groups table (0: skip)")
+    parser.add_argument("--only-fanout", action="store_true", help="just the 1 vs 2 groups comparison")
     args = parser.parse_args()
     print(f"prep bench: {os.cpu_count()} cores; stage rows/s exclude imports; automatic chunk size")
+    if args.fanout_rows:
+        with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+            fan_out(Path(tmp), args.fanout_rows, features=16, files=4)
+    if args.only_fanout:
+        return 0
     for file_format in args.formats:
         for features in args.features:
             with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:

@@ -45,11 +45,16 @@ MODEL = Artifact("model", description="the exported SavedModel and its training 
 TENSORBOARD = Artifact("tensorboard", description="TensorBoard event files")
 EVAL = Artifact("eval", description="metrics, smoke set and report")
 DEPLOY = Artifact("deploy", description="the decision and the deploy result")
+PARTS = Artifact("parts", description="each file group's validate / prepare output, joined by merge_data "
+                 "(prep.parallelism above 1; a single-pod run stages its one group here too)")
 RUN_SUBDIRS = tuple(a.folder for a in (INPUTS, VALIDATION, PREPARED, CLUSTER, CHECKPOINTS, MODEL, TENSORBOARD,
-                                       EVAL, DEPLOY))
+                                       EVAL, DEPLOY, PARTS))
 
 # -- files and folders inside them --------------------------------------------------------------------------------
 INPUTS_MANIFEST = Artifact("inputs", "manifest.json", "the pinned partitions: paths, sizes, sha256, window")
+INPUT_GROUPS = Artifact("inputs", "groups.json", "the pinned files cut into groups, one per mapped data task")
+VALIDATION_PARTS = Artifact("parts", "validate", "each group's GE results and file reports (merge_data joins them)")
+PREPARED_PARTS = Artifact("parts", "prepare", "each group's shard parts and partial statistics")
 VALIDATION_RESULTS = Artifact("validation", "results.json", "per-expectation results of the suite")
 DATA_DOCS = Artifact("validation", "data_docs", "the Great Expectations Data Docs site")
 DATA_DOCS_INDEX = Artifact("validation", "data_docs/index.html", "the Data Docs entry page")
@@ -67,7 +72,8 @@ REPORT = Artifact("eval", "report.html", "the evaluation report with plots")
 DECISION = Artifact("deploy", "decision.json", "deploy or skip, with reasons (the deploy stage's blessing)")
 DEPLOY_RESULT = Artifact("deploy", "result.json", "the published version, or the rollback")
 
-RUN_ARTIFACTS = (INPUTS_MANIFEST, VALIDATION_RESULTS, DATA_DOCS, DATA_DOCS_INDEX, PREPARED_SCHEMA, PREPARED_STATS,
+RUN_ARTIFACTS = (INPUTS_MANIFEST, INPUT_GROUPS, VALIDATION_PARTS, PREPARED_PARTS, VALIDATION_RESULTS, DATA_DOCS,
+                 DATA_DOCS_INDEX, PREPARED_SCHEMA, PREPARED_STATS,
                  PREPARED_MANIFEST, CLUSTER_LOGS, TENSORBOARD_TRAIN, SAVED_MODEL, MODEL_SCHEMA, TRAINING_RECORD,
                  METRICS, SMOKE_SET, REPORT, DECISION, DEPLOY_RESULT)
 
@@ -83,6 +89,11 @@ def shard_name(index: int, count: int) -> str:
 
 
 SHARD_GLOB = "*.tfrecord"
+
+
+def group_name(index: int) -> str:
+    """The folder of file group `index` under `parts/validate/` and `parts/prepare/`."""
+    return f"group-{index:05d}"
 
 
 def run_key(run_id: str) -> str:

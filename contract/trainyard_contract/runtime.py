@@ -160,3 +160,22 @@ class Progress:
         elapsed = max(time.monotonic() - self.start, 1e-9)
         log.info("%s %s: %d rows, %.1f MB, %.0f rows/s, %.1f MB/s", self.what, label, self.rows,
                  self.bytes / 1e6, self.rows / elapsed, self.bytes / 1e6 / elapsed)
+
+
+def combined_throughput(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Figures of groups that ran side by side (`Progress.done()` each): rows and bytes add up, the seconds are
+    the slowest group's, and each phase's microseconds per row are the groups' average weighted by rows.
+    One group's figures come back as they are."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    rows = sum(p["rows"] for p in parts)
+    seconds = max((p["seconds"] for p in parts), default=0.0)
+    out: dict[str, Any] = {"rows": rows, "bytes": sum(p["bytes"] for p in parts), "seconds": seconds,
+                           "rows_per_second": round(rows / max(seconds, 1e-9), 1)}
+    phases: dict[str, float] = {}
+    for part in parts:
+        for name, us in part.get("us_per_row", {}).items():
+            phases[name] = phases.get(name, 0.0) + us * part["rows"]
+    if phases:
+        out["us_per_row"] = {name: round(total / max(rows, 1), 3) for name, total in phases.items()}
+    return out

@@ -284,6 +284,9 @@ CHUNK_CELLS = 8_000_000
 CHUNK_ROWS_RANGE = (200_000, 1_000_000)
 
 
+MAX_PREP_GROUPS = 64
+
+
 class PrepConfig(Strict):
     image: ImageRef = "trainyard/prep:0.1.0"
     resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
@@ -291,6 +294,16 @@ class PrepConfig(Strict):
         None, ge=100, le=5_000_000, description="rows per chunk read, validated and written; default: about "
         "8M cells (64 MB of numbers) per chunk, 200k to 1M rows. Memory is bounded by the chunk, and each "
         "chunk is one Great Expectations validation, which has a fixed cost")
+    parallelism: int = Field(
+        1, ge=1, le=MAX_PREP_GROUPS, description="CPU pods that validate and prepare at once: above 1, the pinned "
+        "files are cut into this many groups of whole files (fewer when there are fewer files), each group is "
+        "one mapped validate_data and prepare_data task, and merge_data joins them. Output bytes do not depend "
+        "on it")
+
+    @property
+    def fans_out(self) -> bool:
+        """Whether the data stages run as mapped tasks over groups of files (pin, groups, merge)."""
+        return self.parallelism > 1
 
     def rows_per_chunk(self, columns: int) -> int:
         """`chunk_rows`, or the automatic size for a table of `columns` columns."""

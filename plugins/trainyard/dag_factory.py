@@ -16,7 +16,7 @@ from airflow.sdk import DAG, Asset, BaseOperator
 from trainyard.config_loader import display_path, find_pipeline_file, load_pipeline_file
 from trainyard.operators import DecideOperator, StageOperator, TrainJobOperator, TrainTeardownOperator
 from trainyard.params import build_params
-from trainyard.registry import STAGES, Stage, skip_task_id, teardown_task_id
+from trainyard.registry import STAGES, Stage, mapped_over, skip_task_id, stages_for, teardown_task_id
 from trainyard.settings import pipelines_dir
 from trainyard_contract.schema import AssetSchedule, PipelineConfig
 
@@ -41,8 +41,9 @@ def stage_rows(stages: tuple[Stage, ...]) -> str:
     """The DAG doc's task table, from the stage declarations (with the tasks their kinds add)."""
     rows = []
     for i, stage in enumerate(stages):
-        rows.append(f"| `{stage.task_id}` | {stage.hardware.upper()} | {stage.doc} | {artifact_list(stage.reads)} | "
-                    f"{artifact_list(stage.writes)} |")
+        mapped = " One task (and pod) per file group." if mapped_over(stage, stages) else ""
+        rows.append(f"| `{stage.task_id}` | {stage.hardware.upper()} | {stage.doc}{mapped} | "
+                    f"{artifact_list(stage.reads)} | {artifact_list(stage.writes)} |")
         if stage.kind == "job":
             rows.append(f"| `{teardown_task_id(stage)}` | - | {TEARDOWN_DOC} | - | - |")
         if stage.kind == "branch" and i + 1 < len(stages):
@@ -53,7 +54,9 @@ def stage_rows(stages: tuple[Stage, ...]) -> str:
 def render_doc(config: PipelineConfig, source: str, stages: tuple[Stage, ...] = STAGES) -> str:
     data, training = config.data, config.training
     window = f"the last {data.window.days} day(s)" if data.window else "every partition up to the run's end"
-    rows = stage_rows(stages)
+    rows = stage_rows(stages_for(config, stages))
+    fan_out = (f" Data stages fan out over up to {config.prep.parallelism} CPU pods (groups of whole files)."
+               if config.prep.fans_out else "")
     return f"""### {config.name}
 
 {config.description or "A Trainyard pipeline."}
@@ -67,7 +70,7 @@ def render_doc(config: PipelineConfig, source: str, stages: tuple[Stage, ...] = 
 
 * **Data:** `{data.source}` ({data.format}, partitions `{data.partition_key}=YYYY-MM-DD`), {window};
   {len(data.column_names())} feature column(s), label `{data.label.name}` ({describe_label(data.label)});
-  eval split {data.split.eval_fraction:.0%}, {data.shards.train} train / {data.shards.eval} eval shard(s).
+  eval split {data.split.eval_fraction:.0%}, {data.shards.train} train / {data.shards.eval} eval shard(s).{fan_out}
 * **Training:** `{training.strategy}`, {training.workers.replicas} worker(s), {training.ps.replicas} PS,
   model `{training.model.module}`, {training.steps} steps of batch {training.batch_size}.
 * **Run folder:** `runs/{config.name}/<run_key>/` on the shared volume (reads and writes above are relative to it).
@@ -94,14 +97,19 @@ def dag_schedule(config: PipelineConfig) -> str | list[Asset] | None:
     return config.schedule
 
 
-def stage_task(config: PipelineConfig, stage: Stage, next_stage: Stage | None) -> BaseOperator:
-    """The operator a stage's kind names."""
+def stage_task(config: PipelineConfig, stage: Stage, next_stage: Stage | None,
+               over: BaseOperator | None = None) -> Any:
+    """The operator a stage's kind names; mapped over the result list of `over` (one task per group) if given."""
     common: dict[str, Any] = {"task_id": stage.task_id, "config": config, "stage": stage, "doc_md": stage.doc,
                               "retries": stage.retries(config)}
     if stage.pool(config):
         common["pool"] = stage.pool(config)
     if stage.timeout is not None:
         common["execution_timeout"] = stage.timeout
+    if over is not None:
+        if stage.kind != "pod":
+            raise ValueError(f"stage {stage.name!r}: only a `pod` stage can be mapped, not a {stage.kind!r} one")
+        return StageOperator.partial(**common).expand(group=over.output)
     if stage.kind == "job":
         return TrainJobOperator(**common)
     if stage.kind == "branch":
@@ -131,9 +139,13 @@ def build_dag(config: PipelineConfig, source: str = "", stages: tuple[Stage, ...
         },
     ) as dag:
         previous = None
-        for i, stage in enumerate(stages):
-            next_stage = stages[i + 1] if i + 1 < len(stages) else None
-            task = stage_task(config, stage, next_stage)
+        present = stages_for(config, stages)
+        tasks: dict[str, Any] = {}
+        for i, stage in enumerate(present):
+            next_stage = present[i + 1] if i + 1 < len(present) else None
+            over = mapped_over(stage, present)
+            task = stage_task(config, stage, next_stage, tasks[over.task_id] if over else None)
+            tasks[stage.task_id] = task
             if stage.kind == "job":
                 task >> TrainTeardownOperator(task_id=teardown_task_id(stage), config=config, stage=stage,
                                               doc_md=TEARDOWN_DOC)

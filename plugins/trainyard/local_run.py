@@ -111,12 +111,13 @@ def failure_summary(dag_run: Any) -> list[str]:
         failed = session.query(TaskInstance).filter(
             TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id,
             TaskInstance.state == "failed").all()
-        for ti in sorted(failed, key=lambda t: t.start_date or dt.datetime.max.replace(tzinfo=dt.UTC)):
+        for ti in sorted(failed, key=lambda t: (t.start_date or dt.datetime.max.replace(tzinfo=dt.UTC), t.map_index)):
             record = session.query(XComModel).filter(
                 XComModel.dag_id == ti.dag_id, XComModel.run_id == ti.run_id, XComModel.task_id == ti.task_id,
-                XComModel.key == FAILURE_XCOM).first()
+                XComModel.map_index == ti.map_index, XComModel.key == FAILURE_XCOM).first()
             value = XComModel.deserialize_value(record) if record is not None else None
-            lines.append(f"failed task: {ti.task_id} (attempt {ti.try_number})")
+            group = f"[{ti.map_index}] (file group {ti.map_index})" if ti.map_index >= 0 else ""
+            lines.append(f"failed task: {ti.task_id}{group} (attempt {ti.try_number})")
             if isinstance(value, dict):
                 lines.append(f"error: {value.get('message', '?')}")
                 lines.append("a retry would fail the same way: fix the data or the config, then run again"

@@ -77,10 +77,11 @@ class StageOperator(BaseOperator):
 
     ui_color = "#d6eaf8"
 
-    def __init__(self, *, config: PipelineConfig, stage: Stage, **kwargs: Any):
+    def __init__(self, *, config: PipelineConfig, stage: Stage, group: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.config = config
         self.stage = stage
+        self.group = group  # the file group of a mapped task (`Stage.maps_over`), passed to the stage as --group
         self._launcher: Launcher | None = None
 
     def launcher(self, config: PipelineConfig) -> Launcher:
@@ -101,7 +102,7 @@ class StageOperator(BaseOperator):
         extra = self.stage.flags(context["params"])
         if self.stage.needs_serving:
             extra += ("--endpoint", self.ensure_serving(launcher, config))
-        pod = build_stage_pod(config, run, stage_container(config, run, self.stage, extra))
+        pod = build_stage_pod(config, run, stage_container(config, run, self.stage, extra, group=self.group))
         try:
             result = launcher.run_pod(pod, self.log, context)
         except StageFailed as exc:
@@ -112,6 +113,11 @@ class StageOperator(BaseOperator):
             raise ValueError(f"stage {self.stage.name!r} returned more than {XCOM_LIMIT_BYTES} bytes of XCom")
         if result is not None and result.get("skipped"):
             raise AirflowSkipException(f"{self.stage.task_id} skipped: {result['skipped']}")
+        if self.stage.result_key is not None:
+            self.log.info("%s result: %s", self.stage.task_id, result)
+            if result is None or self.stage.result_key not in result:
+                raise ValueError(f"stage {self.stage.name!r} returned no {self.stage.result_key!r}")
+            return result[self.stage.result_key]
         return result
 
     def ensure_serving(self, launcher: Launcher, config: PipelineConfig) -> str:

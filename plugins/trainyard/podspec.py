@@ -176,8 +176,11 @@ def build_pod(
 
 
 def build_stage_pod(config: PipelineConfig, run: RunContext, spec: ContainerSpec) -> k8s.V1Pod:
-    """The pod of a single-container CPU stage (validate, prepare, evaluate)."""
-    name = dns_label(f"{config.name}-{spec.stage}-{run_key(run.run_id)}")
+    """The pod of a single-container CPU stage (validate, prepare, evaluate); a mapped task's file group (its
+    `trainyard/index` label) is in its name too."""
+    index = spec.labels.get("trainyard/index")
+    group = f"-g{index}" if index is not None else ""
+    name = dns_label(f"{config.name}-{spec.stage}{group}-{run_key(run.run_id)}")
     return build_pod(config, run, spec, name=name)
 
 

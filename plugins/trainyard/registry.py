@@ -47,6 +47,14 @@ def _default_retries(config: PipelineConfig) -> int:
     return config.retries
 
 
+def _always(config: PipelineConfig) -> bool:
+    return True
+
+
+def _fans_out(config: PipelineConfig) -> bool:
+    return config.prep.fans_out
+
+
 @dataclass(frozen=True)
 class Stage:
     """One stage: an Airflow task that runs `python -m <image.module> <command>` in a pod of `image`.
@@ -54,6 +62,10 @@ class Stage:
     kind: `pod` (one pod), `branch` (one pod, then follow the next stage when the result's `branch_on` key is
     true, else `skip_<next>`), `job` (a one-pod `check_command` first, then the distributed training job, and a
     `teardown_<task_id>` task that sweeps what a lost attempt left).
+
+    Fan-out: a stage with `maps_over` becomes an Airflow dynamically mapped task when the stage it names is in the
+    DAG: one task, and one pod, per item of that stage's result (`result_key`), each run with `--group <item>`.
+    `only_if` leaves a stage out of configs that do not need it (the fan-out's pin and merge stages).
     """
 
     task_id: str
@@ -76,6 +88,9 @@ class Stage:
     check_command: str | None = None  # job: the sub-command of the one-pod check before any replica starts
     check_name: str | None = None
     branch_on: str | None = None  # branch: the result key that says "go on"
+    only_if: Callable[[PipelineConfig], bool] = _always  # whether the stage is in this config's DAG
+    maps_over: str | None = None  # the task_id whose result list this stage is mapped over, when it is present
+    result_key: str | None = None  # the key of the stage's result that is the task's XCom (what others map over)
 
     def stage_names(self) -> tuple[str, ...]:
         """Every `trainyard/stage` label this stage's pods carry (a job's check pod has its own)."""
@@ -88,17 +103,34 @@ def _force_flag(params: Mapping[str, Any]) -> tuple[str, ...]:
 
 STAGES: tuple[Stage, ...] = (
     Stage(
+        task_id="pin_inputs", name="pin", image=PREP, command="pin", kind="pod", hardware="cpu",
+        doc="Pins the run's input partitions and cuts the files into `prep.parallelism` groups (fan-out only).",
+        configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
+        writes=(L.INPUTS_MANIFEST, L.INPUT_GROUPS), only_if=_fans_out, result_key="groups",
+    ),
+    Stage(
         task_id="validate_data", name="validate", image=PREP, command="validate", kind="pod", hardware="cpu",
         doc="Great Expectations suite from the config on the run's input partitions.",
         configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
-        writes=(L.INPUTS_MANIFEST, L.VALIDATION_RESULTS, L.DATA_DOCS),
+        writes=(L.INPUTS_MANIFEST, L.VALIDATION_PARTS, L.VALIDATION_RESULTS, L.DATA_DOCS),
+        maps_over="pin_inputs",
     ),
     Stage(
         task_id="prepare_data", name="prepare", image=PREP, command="prepare", kind="pod", hardware="cpu",
         doc="Deterministic split into TFRecord shards with schema, stats and manifest.",
         configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
         reads=(L.INPUTS_MANIFEST,),
-        writes=(L.PREPARED_SCHEMA, L.PREPARED_STATS, L.PREPARED_MANIFEST),
+        writes=(L.PREPARED_PARTS, L.PREPARED_SCHEMA, L.PREPARED_STATS, L.PREPARED_MANIFEST),
+        maps_over="pin_inputs",
+    ),
+    Stage(
+        task_id="merge_data", name="merge", image=PREP, command="merge", kind="pod", hardware="cpu",
+        doc="Joins the groups: one validation result and Data Docs site, the table-level checks, the shards in "
+            "file order, statistics, schema and manifest (fan-out only).",
+        configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
+        reads=(L.INPUTS_MANIFEST, L.INPUT_GROUPS, L.VALIDATION_PARTS, L.PREPARED_PARTS),
+        writes=(L.VALIDATION_RESULTS, L.DATA_DOCS, L.PREPARED_SCHEMA, L.PREPARED_STATS, L.PREPARED_MANIFEST),
+        only_if=_fans_out,
     ),
     Stage(
         task_id="train", name="train", image=TRAINER, command="train", kind="job", hardware="gpu",
@@ -136,6 +168,18 @@ STAGES: tuple[Stage, ...] = (
         pool=lambda c: c.deploy.pool, needs_serving=True,
     ),
 )
+
+
+def stages_for(config: PipelineConfig, stages: Iterable[Stage] = STAGES) -> tuple[Stage, ...]:
+    """The stages in `config`'s DAG, in order (those whose `only_if` holds)."""
+    return tuple(stage for stage in stages if stage.only_if(config))
+
+
+def mapped_over(stage: Stage, present: Iterable[Stage]) -> Stage | None:
+    """The stage `stage` is mapped over in a DAG of the `present` stages, or None (one plain task)."""
+    if stage.maps_over is None:
+        return None
+    return next((s for s in present if s.task_id == stage.maps_over), None)
 
 
 def images(stages: Iterable[Stage] = STAGES) -> dict[str, str]:

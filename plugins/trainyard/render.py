@@ -20,7 +20,7 @@ from trainyard.podspec import (
     build_stage_pod,
     serving_address,
 )
-from trainyard.registry import STAGES, Stage
+from trainyard.registry import STAGES, Stage, mapped_over, stages_for
 from trainyard.stages import RunContext, stage_container, train_containers, train_replicas
 from trainyard_contract.cluster_spec import job_name, kubernetes_hosts
 from trainyard_contract.layout import run_key
@@ -29,16 +29,22 @@ from trainyard_contract.schema import PipelineConfig
 
 def render_run(config: PipelineConfig, run_id: str, window_end: dt.datetime | None = None,
                stages: tuple[Stage, ...] = STAGES) -> list[dict[str, Any]]:
-    """Each declared stage's pods in order (a job's check pod, headless Service and replicas), then the serving
-    Deployment and Service when a stage talks to serving. Param-dependent flags (force_deploy) are left out."""
+    """Each of the config's stages' pods in order (a mapped stage's one per file group; a job's check pod,
+    headless Service and replicas), then the serving Deployment and Service when a stage talks to serving.
+    Param-dependent flags (force_deploy) are left out."""
     run = RunContext(pipeline=config.name, run_id=run_id, data_interval_end=window_end)
     objects: list[Any] = []
-    for stage in stages:
+    present = stages_for(config, stages)
+    for stage in present:
         if stage.kind == "job":
             objects.extend(job_objects(config, run, stage))
             continue
         extra = ("--endpoint", serving_address(config)) if stage.needs_serving else ()
-        objects.append(build_stage_pod(config, run, stage_container(config, run, stage, extra)))
+        # a mapped stage: one pod per file group, as many as prep.parallelism allows (a run with fewer files has
+        # fewer groups, and so fewer pods)
+        groups: list[int | None] = list(range(config.prep.parallelism)) if mapped_over(stage, present) else [None]
+        for group in groups:
+            objects.append(build_stage_pod(config, run, stage_container(config, run, stage, extra, group=group)))
     if any(stage.needs_serving for stage in stages):
         objects += [build_serving_deployment(config), build_serving_service(config)]
     client = ApiClient()

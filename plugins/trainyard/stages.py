@@ -53,9 +53,10 @@ class ContainerSpec:
 
 
 def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra_args: tuple[str, ...] = (),
-                    *, check: bool = False) -> ContainerSpec:
+                    *, check: bool = False, group: int | None = None) -> ContainerSpec:
     """The container that runs `stage` of `run` with the (already overridden) `config`; `check` builds a job
-    stage's one-pod check instead (its `check_command`, labelled `check_name`)."""
+    stage's one-pod check instead (its `check_command`, labelled `check_name`); `group` is the file group of a
+    mapped task (`--group`, and the `trainyard/index` label)."""
     if check and stage.check_command is None:
         raise ValueError(f"stage {stage.name!r} declares no check command")
     mount = config.kubernetes.volume.mount_path
@@ -70,6 +71,8 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra
     if run.data_interval_end is not None:
         args += ["--window-end", run.data_interval_end.isoformat()]
     args += list(extra_args)
+    if group is not None:
+        args += ["--group", str(group)]
     env = {CONFIG_ENV: config.model_dump_json(), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
            "GX_ANALYTICS_ENABLED": "False"}
     trigger = run.trigger()
@@ -83,6 +86,7 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra
         args=args,
         env=env,
         resources=stage.resources(config),
+        labels={"trainyard/index": str(group)} if group is not None else {},
     )
 
 

@@ -212,7 +212,10 @@ def test_the_regression_and_the_parquet_categorical_examples_run_end_to_end(pipe
         report = (run_dir / layout.REPORT).read_text()
         assert "Decision: DEPLOY" in report, report[:2000]
         smoke = json.loads((run_dir / layout.SMOKE_SET).read_text())
-        if name == "churn":
+        if name == "churn":  # its example config fans the data stages out over two mapped groups
+            groups = json.loads((run_dir / layout.INPUT_GROUPS).read_text())["groups"]
+            assert len(groups) == 2 and json.loads((run_dir / layout.VALIDATION_RESULTS).read_text())["groups"] == 2
+            assert len(json.loads((run_dir / layout.PREPARED_MANIFEST).read_text())["groups"]) == 2
             assert metrics["challenger"]["accuracy"] >= 0.7 and metrics["challenger"]["auc"] >= 0.75
             assert [row["class"] for row in metrics["per_class"]] == ["stay", "churn"]
             assert "<h2>Per class</h2>" in report and report.count("<svg") == 2

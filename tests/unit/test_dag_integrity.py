@@ -66,6 +66,32 @@ def test_dag_carries_params_docs_tags_owner(pipelines_dir: Path) -> None:
     assert "| `teardown_train` | - |" in dag.doc_md and "| `skip_deploy` | - |" in dag.doc_md
 
 
+def test_prep_parallelism_maps_validate_and_prepare_over_file_groups(pipelines_dir: Path) -> None:
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from trainyard.dag_factory import dag_from_config
+
+    path = pipelines_dir / "digits.yaml"
+    path.write_text(path.read_text().replace("  shards: {train: 4, eval: 1}\n",
+                                             "  shards: {train: 4, eval: 1}\nprep: {parallelism: 3}\n"))
+    dag = dag_from_config("digits")
+    assert [t.task_id for t in dag.tasks] == ["pin_inputs", "validate_data", "prepare_data", "merge_data", "train",
+                                              "teardown_train", "evaluate", "decide", "skip_deploy", "deploy"]
+    for task_id in ("validate_data", "prepare_data"):
+        mapped = dag.get_task(task_id)
+        assert type(mapped).__name__ == "MappedOperator"
+        (arg,) = mapped.expand_input.value.values()  # each group is one task: --group <item of pin's result>
+        assert list(mapped.expand_input.value) == ["group"] and arg.operator.task_id == "pin_inputs"
+    assert dag.get_task("validate_data").upstream_task_ids == {"pin_inputs"}
+    assert dag.get_task("prepare_data").upstream_task_ids == {"pin_inputs", "validate_data"}  # its groups, too
+    assert dag.get_task("merge_data").upstream_task_ids == {"prepare_data"}
+    assert dag.get_task("train").upstream_task_ids == {"merge_data"}
+    assert "up to 3 CPU pods" in dag.doc_md and "One task (and pod) per file group." in dag.doc_md
+    assert "| `merge_data` | CPU |" in dag.doc_md
+    serialized = DagSerialization.to_dict(dag)  # what the dag-processor sends to the API server
+    assert {t["__var"]["task_id"] for t in serialized["dag"]["tasks"]} == set(dag.task_ids)
+
+
 def test_a_bad_config_is_an_import_error_for_its_own_dag_only(
     pipelines_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -101,6 +101,32 @@ def test_a_stage_pod_runs_through_kubernetes_pod_operator(config) -> None:
     assert fake.undeleted() == []
 
 
+def test_each_mapped_group_task_runs_its_own_pod_with_its_group(config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mapped validate_data task of file group 1, as Airflow runs it: the operator builds the group's pod, KPO
+    creates it with the task's map index among its labels (so a reattach finds this group's pod, not another's)."""
+    from trainyard.operators import StageOperator
+
+    fake = stage_cluster(0, {"group": 1, "rows": 600, "files": 2})
+    config = config.model_copy(update={"prep": config.prep.model_copy(update={"parallelism": 2})})
+    operator = StageOperator(task_id="validate_data", config=config, stage=stage_named("validate"), group=1)
+    monkeypatch.setattr(StageOperator, "launcher", lambda self, c: launcher(c, fake))
+    context = task_context()
+    context["ti"].map_index = 1
+    context.update(params={}, dag_run=SimpleNamespace(run_id=RUN.run_id, run_after=None, run_type="manual"))
+
+    assert operator.execute(context) == {"group": 1, "rows": 600, "files": 2}
+
+    (created,) = fake.core.create_namespaced_pod.call_args_list
+    body = created.kwargs["body"]
+    kubernetes_validate.validate(body, K8S_VERSION, strict=True)
+    labels = body["metadata"]["labels"]
+    assert (labels["trainyard/stage"], labels["trainyard/index"], labels["map_index"]) == ("validate", "1", "1")
+    assert body["spec"]["containers"][0]["args"][0] == "validate"
+    assert body["spec"]["containers"][0]["args"][-2:] == ["--group", "1"]
+    assert "-validate-g1-" in body["metadata"]["name"]
+    assert fake.undeleted() == []
+
+
 def test_a_bad_input_exit_code_fails_without_retry_and_deletes_the_pod(config) -> None:
     fake = stage_cluster(3, None)
     pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named("validate")))

@@ -65,7 +65,7 @@ def test_secrets_are_injected_by_reference_only(pipelines_dir: Path) -> None:
 
 def test_unknown_stage_is_refused(pipelines_dir: Path) -> None:
     config = load_pipeline_file(pipelines_dir / "digits.yaml")
-    with pytest.raises(ValueError, match="unknown stage 'nope'; known: validate, prepare, train"):
+    with pytest.raises(ValueError, match="unknown stage 'nope'; known: pin, validate, prepare, merge, train"):
         stage_named("nope")
     with pytest.raises(ValueError, match="stage 'validate' declares no check command"):
         stage_container(config, RUN, stage_named("validate"), check=True)

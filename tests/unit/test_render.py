@@ -65,6 +65,29 @@ def test_every_pod_passes_the_restricted_profile(manifests: list[dict]) -> None:
             assert_restricted(spec, f"{manifest['kind']}/{manifest['metadata']['name']}")
 
 
+def test_mapped_data_stages_render_one_pod_per_file_group(pipelines_dir: Path) -> None:
+    path = pipelines_dir / "churn.yaml"
+    path.write_text(path.read_text().replace("parallelism: 2", "parallelism: 3"))
+    manifests = render_run(load_pipeline_file(path), RUN_ID)
+    prep = [m for m in manifests if m["kind"] == "Pod" and m["spec"]["containers"][0]["image"].startswith(
+        "trainyard/prep")]
+    stages = [(m["metadata"]["labels"]["trainyard/stage"], m["metadata"]["labels"].get("trainyard/index"))
+              for m in prep]
+    assert stages == [("pin", None), ("validate", "0"), ("validate", "1"), ("validate", "2"), ("prepare", "0"),
+                      ("prepare", "1"), ("prepare", "2"), ("merge", None)]
+    for manifest in prep:
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+        assert_restricted(manifest["spec"], manifest["metadata"]["name"])
+        args = manifest["spec"]["containers"][0]["args"]
+        index = manifest["metadata"]["labels"].get("trainyard/index")
+        assert args[0] == manifest["metadata"]["labels"]["trainyard/stage"]
+        assert (args[-2:] == ["--group", index]) if index is not None else "--group" not in args
+        assert manifest["spec"]["nodeSelector"] == {"trainyard.io/pool": "cpu"}  # every group is a CPU pod
+        assert manifest["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "trainyard-data"
+    names = [m["metadata"]["name"] for m in prep]
+    assert len(set(names)) == len(names) and "-validate-g2-" in names[3]
+
+
 def test_training_job_uses_the_headless_service_dns(manifests: list[dict]) -> None:
     (headless,) = [m for m in manifests if m["kind"] == "Service" and m["spec"].get("clusterIP") == "None"]
     job = headless["metadata"]["name"]

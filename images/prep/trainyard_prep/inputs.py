@@ -136,8 +136,13 @@ def pin_inputs(volume: Path, run_dir: Path, data: DataConfig, window_end: dt.dat
     return manifest
 
 
-def load_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / layout.INPUTS_MANIFEST
+def load_run_json(run_dir: Path, artifact: layout.Artifact, written_by: str) -> dict[str, Any]:
+    """A JSON artifact an earlier stage of this run wrote; a clear error naming that stage when it is missing."""
+    path = run_dir / artifact
     if not path.is_file():
-        raise StageError(f"{path} is missing: validate_data pins the inputs and must run first")
+        raise StageError(f"{path} is missing: {written_by} and must run first")
     return json.loads(path.read_text())
+
+
+def load_manifest(run_dir: Path) -> dict[str, Any]:
+    return load_run_json(run_dir, layout.INPUTS_MANIFEST, "validate_data pins the inputs")

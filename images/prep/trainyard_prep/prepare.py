@@ -4,27 +4,41 @@ Streaming: files are read in chunks of `prep.rows_per_chunk` rows, so memory doe
 Deterministic: each row's split and shard come from a seeded hash of its content, so the output does not depend
 on chunk size, file order or how many times the stage runs. Everything is written under a temporary sibling of
 `<run>/prepared/` and renamed into place at the end.
+
+Files are prepared in groups (`groups.py`): a group writes its part of every shard and each file's partial
+statistics to `parts/prepare/<group>/`; `merge_prepared` concatenates the parts in group order and folds the
+partials in manifest order, so shards, statistics and schema are the same bytes for any number of groups. A
+one-pod run is one group merged in the same process (its parts renamed, not copied); with `prep.parallelism`
+above 1 each group is a mapped task and merge_data merges them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pandas as pd
 
 from trainyard_contract import layout
 from trainyard_contract.atomic import staged_dir, write_json
-from trainyard_contract.runtime import Progress, StageError, log
+from trainyard_contract.runtime import Progress, StageError, combined_throughput, log
 from trainyard_contract.schema import DataConfig, Feature, PipelineConfig
 from trainyard_prep.encoding import ExampleEncoder
+from trainyard_prep.groups import group_entries, load_groups
 from trainyard_prep.readers import prefetched, read_chunks, text_columns
 
 HASH_BUCKETS = 10_000
+PARTIALS = "partials.json"  # a group's per-file partial statistics and per-shard row counts
+COPY_BLOCK = 8 << 20
 
 
 def split_and_shard(frame: pd.DataFrame, seed: int, eval_fraction: float, train_shards: int,
@@ -81,6 +95,18 @@ class RunningStats:
         self.min = np.minimum(self.min, low)
         self.max = np.maximum(self.max, high)
 
+    def state(self) -> dict[str, list[float]]:
+        """Everything `fold` needs, as JSON (floats round-trip exactly)."""
+        return {"count": self.count.tolist(), "missing": self.missing.tolist(), "mean": self.mean.tolist(),
+                "m2": self.m2.tolist(), "min": self.min.tolist(), "max": self.max.tolist()}
+
+    def fold(self, state: dict[str, list[float]]) -> None:
+        """Merge in another instance's `state` (a file's partial statistics)."""
+        self.missing += np.asarray(state["missing"], dtype=np.int64)
+        self._merge(np.asarray(state["count"], dtype=np.float64), np.asarray(state["mean"], dtype=np.float64),
+                    np.asarray(state["m2"], dtype=np.float64), np.asarray(state["min"], dtype=np.float64),
+                    np.asarray(state["max"], dtype=np.float64))
+
     def as_dict(self) -> dict[str, Any]:
         out = {}
         for i, name in enumerate(self.columns):
@@ -105,6 +131,17 @@ class VocabularyCounter:
             if feature.dtype == "string":
                 column = column[column != ""]  # a missing value is out of vocabulary, never a category
             self.counts[feature.name].update(column.value_counts(sort=False).to_dict())
+
+    def state(self) -> dict[str, list[list[Any]]]:
+        """Per feature, `[value, count]` pairs (JSON keeps an int an int and a string a string)."""
+        return {name: [[_plain(value), int(count)] for value, count in counts.items()]
+                for name, counts in self.counts.items()}
+
+    def fold(self, state: dict[str, list[list[Any]]]) -> None:
+        for name, pairs in state.items():
+            counts = self.counts[name]
+            for value, count in pairs:
+                counts[value] += count
 
     def vocabularies(self) -> dict[str, dict[str, Any]]:
         """Per feature: its vocabulary (most frequent first, ties by value), what was left out, and the OOV
@@ -205,85 +242,187 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def prepare(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> dict[str, Any]:
+class FilePartials:
+    """One input file's share of everything computed on the whole train split: statistics, vocabulary counts,
+    label counts. Kept per file and folded in manifest order, the totals come out the same to the last bit however
+    the files were grouped."""
+
+    def __init__(self, config: PipelineConfig):
+        data = config.data
+        features = data.columns()
+        self.stats = RunningStats([f.name for f in features if not f.is_categorical])
+        self.label_stats = RunningStats([data.label.name])
+        self.vocab = VocabularyCounter([f for f in features if f.is_categorical])
+        classes = len(data.label.classes or [])
+        self.label_counts = {"train": np.zeros(classes, dtype=np.int64), "eval": np.zeros(classes, dtype=np.int64)}
+
+    def state(self, source: str, rows: int) -> dict[str, Any]:
+        return {"source": source, "rows": rows, "stats": self.stats.state(), "label_stats": self.label_stats.state(),
+                "vocab": self.vocab.state(), "label_counts": {k: v.tolist() for k, v in self.label_counts.items()}}
+
+    def fold(self, state: dict[str, Any]) -> None:
+        self.stats.fold(state["stats"])
+        self.label_stats.fold(state["label_stats"])
+        self.vocab.fold(state["vocab"])
+        for name, counts in state["label_counts"].items():
+            self.label_counts[name] += np.asarray(counts, dtype=np.int64)
+
+
+def shard_paths(root: Path, data: DataConfig) -> dict[str, list[Path]]:
+    """`<root>/<split>/part-i-of-n.tfrecord` for every shard of both splits."""
+    return {split_name: [root / split_name / layout.shard_name(i, count) for i in range(count)]
+            for split_name, count in (("train", data.shards.train), ("eval", data.shards.eval))}
+
+
+def prepare_files(run_dir: Path, config: PipelineConfig, entries: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """Split, shard and encode one group of pinned files into `out/<split>/part-*.tfrecord` (this group's part of
+    every shard), with each file's partial statistics in `out/partials.json`."""
     data = config.data
     features = data.columns()
     label = data.label
     numeric = [f.name for f in features if not f.is_categorical]
-    categorical = [f for f in features if f.is_categorical]
     classes = [str(c) for c in label.classes or []]
     class_index = {value: i for i, value in enumerate(classes)}
     read_columns = [f.name for f in features] + [label.name]
     stored = [(f.name, f.stored_dtype) for f in features] + [
         (label.name, "int" if label.task == "classification" else "float")]
     split = data.split
-    stats = RunningStats(numeric)
-    label_stats = RunningStats([label.name])
-    vocab = VocabularyCounter(categorical)
-    label_counts = {"train": np.zeros(len(classes), dtype=np.int64), "eval": np.zeros(len(classes), dtype=np.int64)}
     text = text_columns(data)
+    files: list[dict[str, Any]] = []
+    encoder = ExampleEncoder(stored)
+    writers = shard_paths(out, data)
+    shard_rows = {name: [0] * len(paths) for name, paths in writers.items()}
+    with encoder.open_writers([p for paths in writers.values() for p in paths]) as sinks:
+        progress = Progress("prepare")  # started once the shard files are open: rows/s of the work itself
+        sink_of = {"train": sinks[: data.shards.train], "eval": sinks[data.shards.train :]}
+        for entry in entries:
+            path = run_dir / entry["snapshot"]
+            partial = FilePartials(config)
+            file_rows = 0
+            chunks = read_chunks(path, config.prep.rows_per_chunk(len(read_columns)), read_columns, text)
+            for chunk, nbytes in progress.timed("read", prefetched(chunks)):
+                missing = [c for c in read_columns if c not in chunk.columns]
+                if missing:
+                    raise StageError(f"{entry['source']}: missing column(s) {missing} (did validate_data run?)")
+                with progress.phase("cast"):
+                    frame = typed_frame(chunk, data, class_index, entry["source"])
+                rows = len(chunk)
+                del chunk  # the typed frame is all that is needed: one chunk less in memory
+                with progress.phase("hash_split"):
+                    is_eval, shard = split_and_shard(frame, split.seed, split.eval_fraction, data.shards.train,
+                                                     data.shards.eval)
+                with progress.phase("statistics"):
+                    train_rows = frame[~is_eval]
+                    partial.stats.update(train_rows[numeric].to_numpy(dtype=np.float64))
+                    partial.vocab.update(train_rows)
+                    if label.task == "regression":
+                        partial.label_stats.update(train_rows[[label.name]].to_numpy(dtype=np.float64))
+                for name, mask in (("train", ~is_eval), ("eval", is_eval)):
+                    if not mask.any():
+                        continue
+                    part = frame[mask]
+                    part_shards = shard[mask]
+                    if classes:
+                        partial.label_counts[name] += np.bincount(part[label.name].to_numpy(), minlength=len(classes))
+                    for index in np.unique(part_shards):
+                        with progress.phase("encode"):
+                            records = encoder.encode(part[part_shards == index])
+                        with progress.phase("write"):
+                            shard_rows[name][index] += sink_of[name][index].write(records)
+                progress.add(rows, nbytes)
+                file_rows += rows
+            files.append(partial.state(entry["source"], file_rows))
+    summary = {"files": files, "shard_rows": shard_rows, "throughput": progress.done()}
+    write_json(out / PARTIALS, summary)
+    return summary
+
+
+def join_files(sources: list[Path], target: Path) -> None:
+    """`target` = the `sources` one after the other (a single source is renamed: no bytes copied). The copy is
+    the kernel's (`copy_file_range`: no pass through this process, and a server-side copy on NFS 4.2 or a reflink
+    where the filesystem has them), falling back to read-and-write where it is not supported."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if len(sources) == 1:
+        os.replace(sources[0], target)
+        return
+    with target.open("wb") as out:
+        for source in sources:
+            with source.open("rb") as handle:
+                append(handle, out)
+
+
+def append(handle: BinaryIO, out: BinaryIO) -> None:
+    size = os.fstat(handle.fileno()).st_size
+    copied = 0
+    try:
+        while copied < size:
+            step = os.copy_file_range(handle.fileno(), out.fileno(), size - copied)
+            if step == 0:
+                break
+            copied += step
+    except OSError:  # not supported here (another filesystem, an old kernel): copy what is left ourselves
+        pass
+    if copied < size:
+        handle.seek(copied)
+        out.seek(0, os.SEEK_END)
+        shutil.copyfileobj(handle, out, COPY_BLOCK)
+
+
+def load_partials(parts: list[Path]) -> list[dict[str, Any]]:
+    found = []
+    for part in parts:
+        if not (part / PARTIALS).is_file():
+            raise StageError(f"{part / PARTIALS} is missing: prepare_data did not finish for that group")
+        found.append(json.loads((part / PARTIALS).read_text()))
+    return found
+
+
+def merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any], parts: list[Path],
+                   before_commit: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Join the groups' shard parts (in group order) into `prepared/`, fold their files' partial statistics (in
+    manifest order) and write schema, statistics and manifest; the parts are removed once `prepared/` is in place.
+    The bytes do not depend on how many groups there were. `before_commit` runs just before `prepared/` is
+    renamed into place; if it raises, nothing is (merge_data waits there for the validation join)."""
     started = time.monotonic()
+    data = config.data
+    label = data.label
+    classes = [str(c) for c in label.classes or []]
+    split = data.split
+    groups = load_partials(parts)
+    totals_of = FilePartials(config)
+    for group in groups:
+        for state in group["files"]:
+            totals_of.fold(state)
+    shard_rows = {name: [sum(g["shard_rows"][name][i] for g in groups) for i in range(count)]
+                  for name, count in (("train", data.shards.train), ("eval", data.shards.eval))}
+    totals = {name: sum(counts) for name, counts in shard_rows.items()}
+    if totals["train"] == 0 or totals["eval"] == 0:
+        raise StageError(
+            f"the split left {totals['train']} train and {totals['eval']} eval row(s); need both "
+            f"(add rows or change data.split.eval_fraction={split.eval_fraction})"
+        )
+    feature_stats = totals_of.stats.as_dict()
+    for name, entry_stats in feature_stats.items():
+        if entry_stats["count"] == 0:
+            raise StageError(f"numeric feature {name!r} has no values in the train split (every row is "
+                             "missing): check the data, or remove the feature from data.features")
+    vocabularies = totals_of.vocab.vocabularies()
+    regression_stats = totals_of.label_stats.as_dict()[label.name] if label.task == "regression" else None
     with staged_dir(run_dir / layout.PREPARED) as out:
-        encoder = ExampleEncoder(stored)
-        writers = {
-            split_name: [out / split_name / layout.shard_name(i, count) for i in range(count)]
-            for split_name, count in (("train", data.shards.train), ("eval", data.shards.eval))
-        }
-        shard_rows = {name: [0] * len(paths) for name, paths in writers.items()}
-        with encoder.open_writers([p for paths in writers.values() for p in paths]) as sinks:
-            progress = Progress("prepare")  # started once the shard files are open: rows/s of the work itself
-            sink_of = {"train": sinks[: data.shards.train], "eval": sinks[data.shards.train :]}
-            for entry in manifest["files"]:
-                path = run_dir / entry["snapshot"]
-                chunks = read_chunks(path, config.prep.rows_per_chunk(len(read_columns)), read_columns, text)
-                for chunk, nbytes in progress.timed("read", prefetched(chunks)):
-                    missing = [c for c in read_columns if c not in chunk.columns]
-                    if missing:
-                        raise StageError(f"{entry['source']}: missing column(s) {missing} (did validate_data run?)")
-                    with progress.phase("cast"):
-                        frame = typed_frame(chunk, data, class_index, entry["source"])
-                    rows = len(chunk)
-                    del chunk  # the typed frame is all that is needed: one chunk less in memory
-                    with progress.phase("hash_split"):
-                        is_eval, shard = split_and_shard(frame, split.seed, split.eval_fraction, data.shards.train,
-                                                         data.shards.eval)
-                    with progress.phase("statistics"):
-                        train_rows = frame[~is_eval]
-                        stats.update(train_rows[numeric].to_numpy(dtype=np.float64))
-                        vocab.update(train_rows)
-                        if label.task == "regression":
-                            label_stats.update(train_rows[[label.name]].to_numpy(dtype=np.float64))
-                    for name, mask in (("train", ~is_eval), ("eval", is_eval)):
-                        if not mask.any():
-                            continue
-                        part = frame[mask]
-                        part_shards = shard[mask]
-                        if classes:
-                            label_counts[name] += np.bincount(part[label.name].to_numpy(), minlength=len(classes))
-                        for index in np.unique(part_shards):
-                            with progress.phase("encode"):
-                                records = encoder.encode(part[part_shards == index])
-                            with progress.phase("write"):
-                                shard_rows[name][index] += sink_of[name][index].write(records)
-                    progress.add(rows, nbytes)
-        totals = {name: sum(counts) for name, counts in shard_rows.items()}
-        if totals["train"] == 0 or totals["eval"] == 0:
-            raise StageError(
-                f"the split left {totals['train']} train and {totals['eval']} eval row(s); need both "
-                f"(add rows or change data.split.eval_fraction={split.eval_fraction})"
-            )
-        feature_stats = stats.as_dict()
-        for name, entry_stats in feature_stats.items():
-            if entry_stats["count"] == 0:
-                raise StageError(f"numeric feature {name!r} has no values in the train split (every row is "
-                                 "missing): check the data, or remove the feature from data.features")
+        writers = shard_paths(out, data)
+        for name, paths in writers.items():
+            for path in paths:
+                join_files([part / name / path.name for part in parts], path)
+        every = [path for paths in writers.values() for path in paths]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib lets go of the GIL
+            digests = dict(zip(every, pool.map(_file_digest, every), strict=True))
         outputs = [
             {"path": str(path.relative_to(out)), "split": name, "rows": shard_rows[name][i],
-             "bytes": path.stat().st_size, "sha256": _file_digest(path)}
+             "bytes": path.stat().st_size, "sha256": digests[path]}
             for name, paths in writers.items() for i, path in enumerate(paths)
         ]
-        vocabularies = vocab.vocabularies()
-        regression_stats = label_stats.as_dict()[label.name] if label.task == "regression" else None
+        if before_commit is not None:
+            before_commit()
         schema = schema_document(config, feature_stats, vocabularies, regression_stats)
         write_json(out / layout.PREPARED_SCHEMA.name, schema)
         write_json(out / layout.PREPARED_STATS.name, {
@@ -291,21 +430,46 @@ def prepare(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> 
             "categorical": {name: {k: v for k, v in entry.items() if k != "vocabulary"} | {
                 "vocabulary_size": len(entry["vocabulary"])} for name, entry in vocabularies.items()},
             "label_distribution": {name: dict(zip(classes, counts.tolist(), strict=True))
-                                   for name, counts in label_counts.items()} if classes else None,
+                                   for name, counts in totals_of.label_counts.items()} if classes else None,
             "label": regression_stats,
         })
         input_digest = hashlib.sha256(
             "".join(f["sha256"] for f in manifest["files"]).encode()
         ).hexdigest()
+        throughput = combined_throughput([g["throughput"] for g in groups])
+        merge_seconds = time.monotonic() - started
+        throughput.setdefault("us_per_row", {})["merge"] = round(merge_seconds * 1e6 / max(sum(totals.values()), 1),
+                                                                 3)
         result = {
             "rows": totals,
             "shards": outputs,
             "inputs": {"files": len(manifest["files"]), "bytes": manifest["total_bytes"], "sha256": input_digest},
             "split": {"eval_fraction": split.eval_fraction, "seed": split.seed, "method": "sha256-keyed row hash"},
             "config_sha256": hashlib.sha256(config.model_dump_json().encode()).hexdigest(),
-            "seconds": round(time.monotonic() - started, 3),
-            "throughput": progress.done(),
+            "groups": [{"files": len(g["files"]), "rows": sum(f["rows"] for f in g["files"]),
+                        "seconds": g["throughput"]["seconds"]} for g in groups],
+            "seconds": round(max(g["throughput"]["seconds"] for g in groups) + merge_seconds, 3),
+            "throughput": throughput,
         }
         write_json(out / layout.PREPARED_MANIFEST.name, result)
-    log.info("prepared %d train / %d eval rows into %d shard(s)", totals["train"], totals["eval"], len(outputs))
+    shutil.rmtree(run_dir / layout.PREPARED_PARTS, ignore_errors=True)  # every byte of it is in prepared/ now
+    log.info("prepared %d train / %d eval rows into %d shard(s) from %d group(s)", totals["train"], totals["eval"],
+             len(outputs), len(groups))
     return result
+
+
+def prepare_group(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any], group: int) -> dict[str, Any]:
+    """One mapped prepare_data task: file group `group` into `parts/prepare/<group>/` (merge_data joins them)."""
+    entries = group_entries(manifest, load_groups(run_dir), group)
+    with staged_dir(run_dir / layout.PREPARED_PARTS / layout.group_name(group)) as out:
+        summary = prepare_files(run_dir, config, entries, out)
+    return {"rows": sum(f["rows"] for f in summary["files"]), "files": len(entries)}
+
+
+def prepare(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The one-pod prepare_data: every pinned file as one group, joined by the same merge a fanned-out run's
+    merge_data does (the group's parts are renamed into place, not copied)."""
+    part = run_dir / layout.PREPARED_PARTS / layout.group_name(0)
+    with staged_dir(part) as out:
+        prepare_files(run_dir, config, manifest["files"], out)
+    return merge_prepared(run_dir, config, manifest, [part])

@@ -3,12 +3,19 @@
 Each file is read in chunks (memory stays bounded by `prep.rows_per_chunk`), each chunk is one GE validation, and the
 table-level row count is checked on the total. Results JSON and Data Docs (made to open offline) go to
 `<run>/validation/` by temp-then-rename; a failure prints one line per problem, naming the file and column.
+
+Files are validated in groups (`groups.py`): a group writes its file reports and GE results to
+`parts/validate/<group>/`, and `finish_validation` joins the groups into `validation/` with one Data Docs site and
+the table-level checks. A one-pod run is one group joined in the same process; with `prep.parallelism` above 1
+each group is a mapped task and merge_data joins them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import difflib
+import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,15 +27,18 @@ from great_expectations.data_context.types.base import ProgressBarsConfig
 
 from trainyard_contract import layout
 from trainyard_contract.atomic import staged_dir, write_json
-from trainyard_contract.runtime import Progress, StageError
+from trainyard_contract.runtime import Progress, StageError, combined_throughput
 from trainyard_contract.schema import DataConfig, PipelineConfig
 from trainyard_prep.datadocs import make_offline
+from trainyard_prep.groups import group_entries, load_groups
 from trainyard_prep.readers import header_of, prefetched, read_chunks, row_name, text_columns, truncated_rows
 
 NUMERIC_TYPES = {"float": ["float64", "float32", "int64", "int32", "int16", "int8", "Float64", "Int64"],
                  "int": ["int64", "int32", "int16", "int8", "Int64"]}
 STRING_TYPES = ["object", "str", "string", "StringDtype"]
 SITE_NAME = "trainyard_run"
+GE_RESULTS = "ge_results.json"  # a group's GE validation results, as GE's store serialises them
+GROUP_SUMMARY = "summary.json"  # a group's file reports and label counts
 FINITE = 1e300  # bounds of a regression label without min/max: any finite number
 
 
@@ -188,19 +198,14 @@ def _describe(result: Any, chunk: pd.DataFrame, truncated: pd.Index, header: lis
 
 
 class SuiteRunner:
-    """An ephemeral GE context with one pandas dataframe asset, validating chunk after chunk against one suite."""
+    """An ephemeral GE context with one pandas dataframe asset, validating chunk after chunk against one suite.
 
-    def __init__(self, config: PipelineConfig, docs_dir: Path, run_id: str):
-        self.context = gx.get_context(mode="ephemeral")
-        self.context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-        self.context.add_data_docs_site(
-            site_name=SITE_NAME,
-            site_config={
-                "class_name": "SiteBuilder",
-                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-            },
-        )
+    Its results stay in the context's in-memory store until `stored_results` hands them over: a file group's
+    results are written beside its reports, and `build_data_docs` renders every group's into one site.
+    """
+
+    def __init__(self, config: PipelineConfig):
+        self.context = quiet_context()
         source = self.context.data_sources.add_pandas("trainyard")
         batch = source.add_dataframe_asset(config.data.source.replace("/", "_")).add_batch_definition_whole_dataframe(
             "chunk"
@@ -209,7 +214,6 @@ class SuiteRunner:
         self.definition = self.context.validation_definitions.add(
             gx.ValidationDefinition(name=f"{config.name}-inputs", data=batch, suite=self.suite)
         )
-        self.run_id = run_id
 
     def validate(self, frame: pd.DataFrame, run_name: str) -> Any:
         return self.definition.run(
@@ -218,82 +222,166 @@ class SuiteRunner:
             run_id=RunIdentifier(run_name=run_name, run_time=dt.datetime.now(dt.UTC)),
         )
 
-    def build_docs(self) -> None:
-        self.context.build_data_docs(site_names=[SITE_NAME])
+    def stored_results(self) -> list[list[Any]]:
+        """Every validation result so far as `[key, serialized result]` pairs, as GE's store keeps them."""
+        backend = self.context.validation_results_store.store_backend
+        return [[list(key), backend.get(key)] for key in backend.list_keys() if not str(key[0]).startswith(".")]
+
+
+def quiet_context() -> Any:
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+    return context
+
+
+def build_data_docs(config: PipelineConfig, docs_dir: Path, result_files: list[Path]) -> None:
+    """One Data Docs site (made to open offline) for the suite and every validation result in `result_files`."""
+    context = quiet_context()
+    context.add_data_docs_site(
+        site_name=SITE_NAME,
+        site_config={
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        },
+    )
+    context.suites.add(build_suite(config.data, config.name))
+    backend = context.validation_results_store.store_backend
+    for path in result_files:
+        for key, value in json.loads(path.read_text()):
+            backend.set(tuple(key), value)
+    context.build_data_docs(site_names=[SITE_NAME])
+    make_offline(docs_dir)
+
+
+def check_file(run_dir: Path, config: PipelineConfig, entry: dict[str, Any], runner: SuiteRunner,
+               progress: Progress, class_counts: dict[str, int]) -> FileReport:
+    """Validate one pinned file chunk by chunk: its rows, chunks and one line per problem (file and column)."""
+    expected = [c.name for c in config.data.columns()] + [config.data.label.name]
+    report = FileReport(file=entry["source"])
+    path = run_dir / entry["snapshot"]
+    try:
+        chunks = read_chunks(path, config.prep.rows_per_chunk(len(expected)), expected, text_columns(config.data))
+        for chunk, nbytes in progress.timed("read", prefetched(chunks)):
+            report.chunks += 1
+            if config.data.label.task == "classification" and config.data.label.name in chunk.columns:
+                for value, count in chunk[config.data.label.name].value_counts().items():
+                    key = str(value)  # counted first, then named: not a str() per row
+                    class_counts[key] = class_counts.get(key, 0) + int(count)
+            report.rows += len(chunk)
+            progress.add(len(chunk), nbytes)
+            with progress.phase("great_expectations"):
+                result = runner.validate(chunk, f"{Path(entry['source']).parent.name}-{path.name}-{report.chunks}")
+            truncated = truncated_rows(chunk)
+            for index in truncated[:5]:
+                filled = int(chunk.loc[index].notna().sum())
+                report.problems.append(
+                    f"{row_name(chunk, index)} is truncated: only {filled} of {chunk.shape[1]} fields have values"
+                )
+            for item in result.results:
+                if not item.success:
+                    line = _describe(item, chunk, truncated, header_of(chunk), expected)
+                    if line and line not in report.problems:
+                        report.problems.append(line)
+    except StageError as exc:
+        report.problems.append(str(exc))
+    return report
+
+
+def validate_files(run_dir: Path, config: PipelineConfig, entries: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """Validate one group of pinned files; write its file reports (`summary.json`) and GE results to `out`."""
+    progress = Progress("validate")
+    class_counts: dict[str, int] = {}
+    runner = SuiteRunner(config)
+    reports = [check_file(run_dir, config, entry, runner, progress, class_counts) for entry in entries]
+    write_json(out / GE_RESULTS, runner.stored_results())
+    summary = {"files": [r.as_dict() for r in reports], "label_counts": class_counts,
+               "expectations": len(runner.suite.expectations), "throughput": progress.done()}
+    write_json(out / GROUP_SUMMARY, summary)
+    return summary
+
+
+def problem_lines(files: list[dict[str, Any]]) -> list[str]:
+    return [f"{f['file']}: {p}" for f in files for p in f["problems"]]
+
+
+def validation_failed(source: str, lines: list[str], details: Path, docs: Path) -> StageError:
+    shown = "\n".join(f"  - {line}" for line in lines[:50])
+    more = f"\n  ... and {len(lines) - 50} more" if len(lines) > 50 else ""
+    return StageError(f"data validation failed: {len(lines)} problem(s) in {source}\n{shown}{more}\n"
+                      f"Details: {details}; Data Docs: {docs}")
+
+
+def validate_group(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any], group: int) -> dict[str, Any]:
+    """One mapped validate_data task: validate file group `group` into `parts/validate/<group>/`. A group with a
+    bad file fails here, naming it, with the group's own Data Docs; merge_data joins the groups that passed."""
+    entries = group_entries(manifest, load_groups(run_dir), group)
+    part = run_dir / layout.VALIDATION_PARTS / layout.group_name(group)
+    with staged_dir(part) as out:
+        summary = validate_files(run_dir, config, entries, out)
+        lines = problem_lines(summary["files"])
+        if lines:
+            build_data_docs(config, out / layout.DATA_DOCS.name, [out / GE_RESULTS])
+    if lines:
+        raise validation_failed(manifest["source"], lines, part / GROUP_SUMMARY,
+                                part / layout.DATA_DOCS_INDEX.name)
+    return summary
+
+
+def finish_validation(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any],
+                      parts: list[Path]) -> dict[str, Any]:
+    """Join the groups' reports into `validation/results.json` and one Data Docs site, check the table as a whole
+    (row count bounds, missing classes), and raise StageError listing every problem."""
+    groups = []
+    for part in parts:
+        if not (part / GROUP_SUMMARY).is_file():
+            raise StageError(f"{part / GROUP_SUMMARY} is missing: validate_data did not finish for that group")
+        groups.append(json.loads((part / GROUP_SUMMARY).read_text()))
+    files = [f for group in groups for f in group["files"]]
+    class_counts: dict[str, int] = {}
+    for group in groups:
+        for key, count in group["label_counts"].items():
+            class_counts[key] = class_counts.get(key, 0) + count
+    total = sum(f["rows"] for f in files)
+    limits = config.data.expectations
+    table_problems = []
+    if total < limits.min_rows:
+        table_problems.append(f"{total} row(s) in total, fewer than data.expectations.min_rows={limits.min_rows}")
+    if limits.max_rows is not None and total > limits.max_rows:
+        table_problems.append(f"{total} row(s) in total, more than data.expectations.max_rows={limits.max_rows}")
+    absent = missing_classes(config.data, class_counts)
+    if absent:
+        table_problems.append(absent)
+    lines = problem_lines(files) + table_problems
+    docs_started = time.monotonic()
+    with staged_dir(run_dir / layout.VALIDATION) as out:
+        build_data_docs(config, out / layout.DATA_DOCS.name, [part / GE_RESULTS for part in parts])
+        throughput = combined_throughput([group["throughput"] for group in groups])
+        throughput.setdefault("us_per_row", {})["data_docs"] = round(
+            (time.monotonic() - docs_started) * 1e6 / max(total, 1), 3)
+        summary = {
+            "success": not lines,
+            "rows": total,
+            "files": files,
+            "groups": len(parts),
+            "table_problems": table_problems,
+            "expectations": groups[0]["expectations"] if groups else 0,
+            "label_counts": class_counts or None,
+            "data_docs": layout.DATA_DOCS_INDEX.relpath,
+            "throughput": throughput,
+        }
+        write_json(out / layout.VALIDATION_RESULTS.name, summary)
+    if lines:
+        raise validation_failed(manifest["source"], lines, run_dir / layout.VALIDATION_RESULTS,
+                                run_dir / layout.DATA_DOCS_INDEX)
+    return summary
 
 
 def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineConfig,
                     manifest: dict[str, Any]) -> dict[str, Any]:
-    """Validate every pinned file; write `validation/`; raise StageError listing every problem."""
-    reports: list[FileReport] = []
-    progress = Progress("validate")
-    expected = [c.name for c in config.data.columns()] + [config.data.label.name]
-    text = text_columns(config.data)
-    class_counts: dict[str, int] = {}
-    with staged_dir(run_dir / layout.VALIDATION) as out:
-        runner = SuiteRunner(config, out / layout.DATA_DOCS.name, run_id)
-        for entry in manifest["files"]:
-            report = FileReport(file=entry["source"])
-            reports.append(report)
-            path = run_dir / entry["snapshot"]
-            try:
-                chunks = read_chunks(path, config.prep.rows_per_chunk(len(expected)), expected, text)
-                for chunk, nbytes in progress.timed("read", prefetched(chunks)):
-                    report.chunks += 1
-                    if config.data.label.task == "classification" and config.data.label.name in chunk.columns:
-                        for value, count in chunk[config.data.label.name].value_counts().items():
-                            key = str(value)  # counted first, then named: not a str() per row
-                            class_counts[key] = class_counts.get(key, 0) + int(count)
-                    report.rows += len(chunk)
-                    progress.add(len(chunk), nbytes)
-                    with progress.phase("great_expectations"):
-                        result = runner.validate(chunk, f"{Path(entry['source']).parent.name}-{path.name}-"
-                                                 f"{report.chunks}")
-                    truncated = truncated_rows(chunk)
-                    for index in truncated[:5]:
-                        filled = int(chunk.loc[index].notna().sum())
-                        report.problems.append(
-                            f"{row_name(chunk, index)} is truncated: only {filled} of {chunk.shape[1]} fields have "
-                            "values"
-                        )
-                    for item in result.results:
-                        if not item.success:
-                            line = _describe(item, chunk, truncated, header_of(chunk), expected)
-                            if line and line not in report.problems:
-                                report.problems.append(line)
-            except StageError as exc:
-                report.problems.append(str(exc))
-        total = sum(r.rows for r in reports)
-        limits = config.data.expectations
-        table_problems = []
-        if total < limits.min_rows:
-            table_problems.append(f"{total} row(s) in total, fewer than data.expectations.min_rows={limits.min_rows}")
-        if limits.max_rows is not None and total > limits.max_rows:
-            table_problems.append(f"{total} row(s) in total, more than data.expectations.max_rows={limits.max_rows}")
-        absent = missing_classes(config.data, class_counts)
-        if absent:
-            table_problems.append(absent)
-        with progress.phase("data_docs"):
-            runner.build_docs()
-            make_offline(out / layout.DATA_DOCS.name)
-        success = not table_problems and all(not r.problems for r in reports)
-        summary = {
-            "success": success,
-            "rows": total,
-            "files": [r.as_dict() for r in reports],
-            "table_problems": table_problems,
-            "expectations": len(runner.suite.expectations),
-            "label_counts": class_counts or None,
-            "data_docs": layout.DATA_DOCS_INDEX.relpath,
-            "throughput": progress.done(),
-        }
-        write_json(out / layout.VALIDATION_RESULTS.name, summary)
-    if not success:
-        lines = [f"{r.file}: {p}" for r in reports for p in r.problems] + table_problems
-        shown = "\n".join(f"  - {line}" for line in lines[:50])
-        more = f"\n  ... and {len(lines) - 50} more" if len(lines) > 50 else ""
-        raise StageError(
-            f"data validation failed: {len(lines)} problem(s) in {manifest['source']}\n{shown}{more}\n"
-            f"Details: {run_dir / layout.VALIDATION_RESULTS}; Data Docs: {run_dir / layout.DATA_DOCS_INDEX}"
-        )
-    return summary
+    """The one-pod validate_data: every pinned file as one group, then the same join a fanned-out run's
+    merge_data does; writes `validation/`; raises StageError listing every problem."""
+    part = run_dir / layout.VALIDATION_PARTS / layout.group_name(0)
+    with staged_dir(part) as out:
+        validate_files(run_dir, config, manifest["files"], out)
+    return finish_validation(run_dir, config, manifest, [part])
