@@ -57,9 +57,12 @@ evaluation:
   thresholds: {{accuracy: {{min: 0.3}}}}
   change_threshold: {{metric: accuracy, min_delta: 0.0}}
 """
-# The same model trained whenever new data is registered for the dataset (an Airflow Asset).
-ONDATA = RETRAIN.replace("name: retrain", "name: ondata").replace('schedule: "@daily"',
-                                                                   "schedule: {asset: datasets/digits}")
+# The same model trained whenever new data is registered for the dataset (an Airflow Asset), its data stages
+# fanned out over two groups (mapped tasks under the real scheduler and LocalExecutor). An asset-triggered run's
+# window ends when it is triggered, so three days hold two whole daily files: one per group.
+ONDATA = RETRAIN.replace("name: retrain", "name: ondata").replace(
+    'schedule: "@daily"', "schedule: {asset: datasets/digits}").replace(
+    "window: {days: 2}", "window: {days: 3}") + "prep: {parallelism: 2}\n"
 
 
 class Deployment:
@@ -219,6 +222,12 @@ def test_registering_new_data_starts_the_asset_scheduled_pipeline(deployment: De
     run = deployment.services.wait_run("ondata", run["dag_run_id"])
     deployment.assert_success("ondata", run)
     assert published_versions(deployment.volume / layout.MODELS / "ondata") == [1]
+    data_tasks = sorted((t["task_id"], t["map_index"], t["state"]) for t in api.task_instances(
+        "ondata", run["dag_run_id"]) if t["task_id"] in ("pin_inputs", "validate_data", "prepare_data", "merge_data"))
+    assert len(deployment.read("ondata", run["dag_run_id"], layout.INPUTS_MANIFEST)["files"]) == 2
+    assert data_tasks == [("merge_data", -1, "success"), ("pin_inputs", -1, "success"),
+                          ("prepare_data", 0, "success"), ("prepare_data", 1, "success"),
+                          ("validate_data", 0, "success"), ("validate_data", 1, "success")]
 
 
 def test_mark_data_refuses_a_pipeline_not_scheduled_on_data(deployment: Deployment) -> None:
