@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -80,9 +81,14 @@ def staged_dir(final: Path) -> Iterator[Path]:
 
     A retry that finds an old `final` moves it aside first and removes it only after the new one is in place, so a
     reader finds the complete old folder, the complete new one, or (between the two renames) none, never a
-    mix. On failure the temporary folder is removed and `final` is untouched.
+    mix. On failure the temporary folder is removed and `final` is untouched. A writer killed outright (SIGKILL,
+    a lost node) cannot clean up: the next writer of the same folder removes what it left first, so a retry
+    does not keep a dead attempt's gigabytes of shards. One writer per folder at a time (one task attempt).
     """
     final.parent.mkdir(parents=True, exist_ok=True)
+    for kind in ("tmp", "old"):
+        for leftover in final.parent.glob(f".{glob.escape(final.name)}.{kind}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
