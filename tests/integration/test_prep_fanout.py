@@ -173,6 +173,31 @@ def test_rerunning_one_group_leaves_the_other_groups_alone(two_groups: Stages) -
     assert json.loads((stages.run_dir / layout.VALIDATION_RESULTS).read_text())["groups"] == 2
 
 
+def test_a_table_level_failure_in_merge_commits_no_shards_and_drops_the_parts(data_dir: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch,
+                                                                             capfd: pytest.CaptureFixture) -> None:
+    """Every group passes, but the table as a whole has too few rows: only merge_data can tell. It fails as bad
+    input with the validation report and Data Docs written, prepared/ never appears, and the shard parts (a copy
+    of every shard that no retry could use) are removed."""
+    config = numeric_table(data_dir, days=4)
+    config = config.model_copy(update={"data": config.data.model_copy(update={
+        "expectations": config.data.expectations.model_copy(update={"min_rows": 5000})})})
+    stages = Stages(data_dir, "r", with_prep(config, parallelism=2), monkeypatch)
+    assert stages("pin") == 0
+    for command in ("validate", "prepare"):
+        for group in ("0", "1"):
+            assert stages(command, "--group", group) == 0
+    assert (stages.run_dir / layout.PREPARED_PARTS).is_dir()
+
+    assert stages("merge") == EXIT_BAD_INPUT
+
+    assert "2400 row(s) in total, fewer than data.expectations.min_rows=5000" in capfd.readouterr().err
+    results = json.loads((stages.run_dir / layout.VALIDATION_RESULTS).read_text())
+    assert results["success"] is False and results["groups"] == 2
+    assert (stages.run_dir / layout.DATA_DOCS_INDEX).is_file()
+    assert not (stages.run_dir / layout.PREPARED).exists() and not (stages.run_dir / layout.PREPARED_PARTS).exists()
+
+
 def test_a_group_that_does_not_exist_is_a_clear_error(two_groups: Stages, capfd: pytest.CaptureFixture) -> None:
     assert two_groups("prepare", "--group", "2") == EXIT_BAD_INPUT
     assert "group 2 does not exist: the run's inputs are cut into 2 group(s)" in capfd.readouterr().err

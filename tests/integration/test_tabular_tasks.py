@@ -129,7 +129,8 @@ def test_a_categorical_feature_with_one_value_stops_prepare(pipelines_dir: Path,
     write_table(data_dir, churn_frame(1500, seed=3).assign(plan="basic"), "parquet")
     with pytest.raises(StageError, match="categorical feature 'plan' has only the value 'basic' in the train split"):
         validate_and_prepare(config, data_dir)
-    assert not (data_dir / layout.RUNS / "churn" / "r1" / layout.PREPARED).exists()
+    run_dir = data_dir / layout.RUNS / "churn" / "r1"
+    assert not (run_dir / layout.PREPARED).exists() and not (run_dir / layout.PREPARED_PARTS).exists()
 
 
 def test_regression_labels_must_be_finite_and_within_bounds(pipelines_dir: Path, data_dir: Path) -> None:

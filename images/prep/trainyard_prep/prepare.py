@@ -382,7 +382,17 @@ def merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, An
     """Join the groups' shard parts (in group order) into `prepared/`, fold their files' partial statistics (in
     manifest order) and write schema, statistics and manifest; the parts are removed once `prepared/` is in place.
     The bytes do not depend on how many groups there were. `before_commit` runs just before `prepared/` is
-    renamed into place; if it raises, nothing is (merge_data waits there for the validation join)."""
+    renamed into place; if it raises, nothing is (merge_data waits there for the validation join). Bad input
+    (StageError) also removes the parts: no retry can use them, and they hold a copy of every shard."""
+    try:
+        return _merge_prepared(run_dir, config, manifest, parts, before_commit)
+    except StageError:
+        shutil.rmtree(run_dir / layout.PREPARED_PARTS, ignore_errors=True)
+        raise
+
+
+def _merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any], parts: list[Path],
+                    before_commit: Callable[[], None] | None) -> dict[str, Any]:
     started = time.monotonic()
     data = config.data
     label = data.label
@@ -472,4 +482,8 @@ def prepare(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> 
     part = run_dir / layout.PREPARED_PARTS / layout.group_name(0)
     with staged_dir(part) as out:
         prepare_files(run_dir, config, manifest["files"], out)
-    return merge_prepared(run_dir, config, manifest, [part])
+    try:
+        return merge_prepared(run_dir, config, manifest, [part])
+    except BaseException:
+        shutil.rmtree(run_dir / layout.PREPARED_PARTS, ignore_errors=True)  # a retry prepares again anyway
+        raise
