@@ -20,6 +20,7 @@ from trainyard.registry import STAGES, Stage, mapped_over, skip_task_id, stages_
 from trainyard.settings import pipelines_dir
 from trainyard_contract.schema import AssetSchedule, PipelineConfig
 
+MAP_INDEX_TEMPLATE = "file group {{ task.group }}"
 TEARDOWN_DOC = "Deletes any replica pod or Service of this run's training job left behind (runs whatever train did)."
 
 
@@ -109,7 +110,8 @@ def stage_task(config: PipelineConfig, stage: Stage, next_stage: Stage | None,
     if over is not None:
         if stage.kind != "pod":
             raise ValueError(f"stage {stage.name!r}: only a `pod` stage can be mapped, not a {stage.kind!r} one")
-        return StageOperator.partial(**common).expand(group=over.output)
+        # the UI and the REST API name each map index by its group, not by a bare number
+        return StageOperator.partial(map_index_template=MAP_INDEX_TEMPLATE, **common).expand(group=over.output)
     if stage.kind == "job":
         return TrainJobOperator(**common)
     if stage.kind == "branch":

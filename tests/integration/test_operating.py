@@ -222,12 +222,14 @@ def test_registering_new_data_starts_the_asset_scheduled_pipeline(deployment: De
     run = deployment.services.wait_run("ondata", run["dag_run_id"])
     deployment.assert_success("ondata", run)
     assert published_versions(deployment.volume / layout.MODELS / "ondata") == [1]
-    data_tasks = sorted((t["task_id"], t["map_index"], t["state"]) for t in api.task_instances(
+    data_tasks = sorted((t["task_id"], t["map_index"], t["rendered_map_index"], t["state"]) for t in api.task_instances(
         "ondata", run["dag_run_id"]) if t["task_id"] in ("pin_inputs", "validate_data", "prepare_data", "merge_data"))
     assert len(deployment.read("ondata", run["dag_run_id"], layout.INPUTS_MANIFEST)["files"]) == 2
-    assert data_tasks == [("merge_data", -1, "success"), ("pin_inputs", -1, "success"),
-                          ("prepare_data", 0, "success"), ("prepare_data", 1, "success"),
-                          ("validate_data", 0, "success"), ("validate_data", 1, "success")]
+    assert data_tasks == [("merge_data", -1, None, "success"), ("pin_inputs", -1, None, "success"),
+                          ("prepare_data", 0, "file group 0", "success"),
+                          ("prepare_data", 1, "file group 1", "success"),
+                          ("validate_data", 0, "file group 0", "success"),
+                          ("validate_data", 1, "file group 1", "success")]
 
 
 def test_mark_data_refuses_a_pipeline_not_scheduled_on_data(deployment: Deployment) -> None:
