@@ -278,7 +278,8 @@ def test_the_trigger_form_in_a_real_browser_bounds_values_and_starts_a_run(deplo
             steps.press("Tab")
             dialog.screenshot(path=str(ARTIFACTS / "trigger-form-filled.png"))
             dialog.get_by_role("button", name="Trigger").click()
-            expect(page.get_by_text("Dag Run Triggered")).to_be_visible(timeout=15_000)
+            # the UI may render its toast twice for a moment (two equal elements): any one of them will do
+            expect(page.get_by_text("Dag Run Triggered").first).to_be_visible(timeout=15_000)
             page.screenshot(path=str(ARTIFACTS / "trigger-form-triggered.png"), full_page=True)
         finally:
             browser.close()
