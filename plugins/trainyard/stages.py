@@ -73,8 +73,8 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra
     args += list(extra_args)
     if group is not None:
         args += ["--group", str(group)]
-    env = {CONFIG_ENV: config.model_dump_json(), "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "GX_ANALYTICS_ENABLED": "False"}
+    env = {**dict(stage.image.env), CONFIG_ENV: config.model_dump_json(), "PYTHONUNBUFFERED": "1",
+           "TF_CPP_MIN_LOG_LEVEL": "2", "GX_ANALYTICS_ENABLED": "False"}
     trigger = run.trigger()
     if trigger is not None:
         env[RUN_ENV] = json.dumps(trigger, sort_keys=True, default=str)

@@ -112,3 +112,19 @@ def test_how_a_run_was_started_travels_to_every_stage(pipelines_dir: Path) -> No
     for stage in ("validate", "train", "deploy"):
         env = stage_container(config, run, stage_named(stage)).env
         assert json.loads(env[RUN_ENV]) == {"params": {"force_deploy": True, "steps": 40}, "run_type": "manual"}
+
+
+def test_an_images_environment_reaches_its_pods_on_both_backends(pipelines_dir: Path) -> None:
+    """The prep image keeps freed memory (glibc's thresholds, registry.KEEP_FREED_MEMORY): every data-stage pod
+    carries it, the local process gets it, and the other images' pods do not."""
+    from trainyard.backends.local import PathMapper, _env_for
+
+    config = load_pipeline_file(pipelines_dir / "digits.yaml")
+    for stage in ("validate", "prepare", "pin", "merge"):
+        pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named(stage)))
+        (container,) = pod.spec.containers
+        env = {var.name: var.value for var in container.env}
+        assert env["MALLOC_MMAP_THRESHOLD_"] == env["MALLOC_TRIM_THRESHOLD_"] == "4294967296", stage
+        assert _env_for(container, PathMapper({}))["MALLOC_TRIM_THRESHOLD_"] == "4294967296"
+    for stage in ("train", "evaluate", "deploy"):
+        assert "MALLOC_TRIM_THRESHOLD_" not in stage_container(config, RUN, stage_named(stage)).env, stage
