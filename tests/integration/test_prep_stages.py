@@ -35,7 +35,7 @@ def digits(pipelines_dir: Path, data_dir: Path) -> tuple[PipelineConfig, Path]:
 def run_validate(config: PipelineConfig, volume: Path, run: str = "r1") -> dict:
     run_dir = volume / layout.RUNS / config.name / run
     manifest = pin_inputs(volume, run_dir, config.data, None)
-    return validate_inputs(volume, run_dir, run, config, manifest)
+    return validate_inputs(run_dir, config, manifest)
 
 
 def first_file(volume: Path) -> Path:

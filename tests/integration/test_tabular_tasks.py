@@ -33,7 +33,7 @@ END = dt.date(2026, 11, 30)
 def validate_and_prepare(config: PipelineConfig, volume: Path, run: str = "r1") -> tuple[Path, dict]:
     run_dir = volume / layout.RUNS / config.name / run
     manifest = pin_inputs(volume, run_dir, config.data, None)
-    validate_inputs(volume, run_dir, run, config, manifest)
+    validate_inputs(run_dir, config, manifest)
     return run_dir, prepare(run_dir, config, manifest)
 
 

@@ -93,3 +93,50 @@ def test_every_encoder_path_writes_what_tensorflows_writer_writes(tmp_path: Path
         assert writer.write(encoder.encode(frame)) == 300
     expected = tensorflow_file(tmp_path / "tf.tfrecord", encoder.impl.encode(frame))
     assert (tmp_path / "shard").read_bytes() == expected
+
+
+def test_writes_behind_keep_each_files_order_within_the_byte_budget(tmp_path: Path) -> None:
+    """Several files fed in turns through one WriteBehind, with a budget smaller than two buffers: each file
+    holds its own records in order, the same bytes as writing them directly."""
+    from trainyard_prep.tfrecord import WriteBehind
+
+    rng = np.random.default_rng(2)
+    batches = [[bytes(rng.integers(0, 256, size=int(n), dtype=np.uint8)) for n in rng.integers(1, 3000, size=40)]
+               for _ in range(30)]
+    behind = WriteBehind(budget=50_000)
+    files = [TFRecordFile(tmp_path / f"behind-{i}", behind) for i in range(3)]
+    direct = [TFRecordFile(tmp_path / f"direct-{i}") for i in range(3)]
+    for turn, batch in enumerate(batches):
+        files[turn % 3].write_records(batch)
+        direct[turn % 3].write_records(batch)
+    for writer in files:
+        writer.flush()
+    assert behind.pending_bytes == 0 and not behind.pending
+    behind.close()
+    for writer in files + direct:
+        writer.close()
+    for i in range(3):
+        assert (tmp_path / f"behind-{i}").read_bytes() == (tmp_path / f"direct-{i}").read_bytes()
+    assert (tmp_path / "behind-0").stat().st_size > 50_000  # many times the budget went through
+
+
+def test_a_failed_write_behind_is_raised_in_the_stages_thread(tmp_path: Path) -> None:
+    """/dev/full refuses every write (ENOSPC) as a full volume would: the error reaches the writer's caller at
+    the next write, flush or close, and the writer is not left waiting."""
+    from trainyard_prep.tfrecord import WriteBehind
+
+    behind = WriteBehind(budget=1 << 20)
+    full = TFRecordFile(tmp_path / "shard", behind)
+    full.handle.close()
+    full.handle = open("/dev/full", "wb", buffering=0)  # noqa: SIM115 - closed below
+    try:
+        full.write_records([b"x" * 1000])
+        with pytest.raises(OSError, match="writing a shard failed: .*No space left on device"):
+            for _ in range(100):  # bounded: the thread's error shows up at one of the next calls
+                full.write_records([b"x" * 1000])
+                full.flush()
+        with pytest.raises(OSError, match="No space left"):
+            behind.close()
+        assert not behind.thread.is_alive()
+    finally:
+        full.close()

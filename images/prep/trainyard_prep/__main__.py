@@ -60,7 +60,7 @@ def validate(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]
         return {"group": args.group, "rows": sum(f["rows"] for f in summary["files"]),
                 "files": len(summary["files"])}
     manifest = pin_inputs(args.volume, args.run_dir, config.data, args.window_end, load_trigger())
-    return validation_result(args, validate_inputs(args.volume, args.run_dir, args.run_id, config, manifest))
+    return validation_result(args, validate_inputs(args.run_dir, config, manifest))
 
 
 def validation_result(args: argparse.Namespace, summary: dict[str, Any]) -> dict[str, Any]:

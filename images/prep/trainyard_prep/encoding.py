@@ -13,6 +13,7 @@ serializer produces for the same Example (tests/unit/test_encoding.py compares t
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from trainyard_contract.runtime import StageError
-from trainyard_prep.tfrecord import Rows, TFRecordFile
+from trainyard_prep.tfrecord import Rows, TFRecordFile, WriteBehind
 
 
 def varint_encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -228,13 +229,20 @@ class ExampleEncoder:
 
     @contextmanager
     def open_writers(self, paths: Sequence[Path]) -> Iterator[list[TFRecordFile]]:
+        """One TFRecordFile per path, sharing one write-behind thread; on the way out every pending write is
+        done (or its error raised) before the files close."""
+        behind = WriteBehind()
         writers: list[TFRecordFile] = []
         try:
             for path in paths:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                writers.append(TFRecordFile(path))
+                writers.append(TFRecordFile(path, behind))
             yield writers
+            behind.close()
         finally:
+            if behind.thread.is_alive():  # leaving on an error: stop the thread; the stage's error is the one raised
+                with contextlib.suppress(OSError):
+                    behind.close()
             for writer in writers:
                 writer.close()
 

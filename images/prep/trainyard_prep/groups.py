@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,14 @@ def group_entries(manifest: dict[str, Any], groups: dict[str, Any], group: int) 
                          f"({layout.INPUT_GROUPS})")
     by_source = {entry["source"]: entry for entry in manifest["files"]}
     return [by_source[source] for source in known[group]["files"]]
+
+
+def load_group_parts(parts: list[Path], name: str, written_by: str) -> list[dict[str, Any]]:
+    """The JSON file `name` of each group's part folder, in group order; a missing one names the stage that
+    did not finish for its group."""
+    found = []
+    for part in parts:
+        if not (part / name).is_file():
+            raise StageError(f"{part / name} is missing: {written_by} did not finish for that group")
+        found.append(json.loads((part / name).read_text()))
+    return found

@@ -15,7 +15,6 @@ above 1 each group is a mapped task and merge_data merges them.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -33,7 +32,7 @@ from trainyard_contract.atomic import staged_dir, write_json
 from trainyard_contract.runtime import Progress, StageError, combined_throughput, log
 from trainyard_contract.schema import DataConfig, Feature, PipelineConfig
 from trainyard_prep.encoding import ExampleEncoder
-from trainyard_prep.groups import group_entries, load_groups
+from trainyard_prep.groups import group_entries, load_group_parts, load_groups
 from trainyard_prep.readers import prefetched, read_chunks, text_columns
 
 HASH_BUCKETS = 10_000
@@ -332,6 +331,9 @@ def prepare_files(run_dir: Path, config: PipelineConfig, entries: list[dict[str,
                 progress.add(rows, nbytes)
                 file_rows += rows
             files.append(partial.state(entry["source"], file_rows))
+        with progress.phase("write"):  # the writes still behind (tfrecord.WriteBehind) count as writing
+            for sink in sinks:
+                sink.flush()
     summary = {"files": files, "shard_rows": shard_rows, "throughput": progress.done()}
     write_json(out / PARTIALS, summary)
     return summary
@@ -368,15 +370,6 @@ def append(handle: BinaryIO, out: BinaryIO) -> None:
         shutil.copyfileobj(handle, out, COPY_BLOCK)
 
 
-def load_partials(parts: list[Path]) -> list[dict[str, Any]]:
-    found = []
-    for part in parts:
-        if not (part / PARTIALS).is_file():
-            raise StageError(f"{part / PARTIALS} is missing: prepare_data did not finish for that group")
-        found.append(json.loads((part / PARTIALS).read_text()))
-    return found
-
-
 def merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any], parts: list[Path],
                    before_commit: Callable[[], None] | None = None) -> dict[str, Any]:
     """Join the groups' shard parts (in group order) into `prepared/`, fold their files' partial statistics (in
@@ -398,7 +391,7 @@ def _merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, A
     label = data.label
     classes = [str(c) for c in label.classes or []]
     split = data.split
-    groups = load_partials(parts)
+    groups = load_group_parts(parts, PARTIALS, "prepare_data")
     totals_of = FilePartials(config)
     for group in groups:
         for state in group["files"]:

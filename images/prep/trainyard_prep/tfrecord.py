@@ -11,10 +11,13 @@ extension (hardware CRC instructions where the CPU has them), or, for a chunk of
 
 from __future__ import annotations
 
+import collections
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 import google_crc32c
 import numpy as np
@@ -144,21 +147,98 @@ def frame_rows(rows: Rows) -> np.ndarray:
     return out
 
 
-class TFRecordFile:
-    """One TFRecord file, written a chunk of framed records at a time (`write_records`, `write_rows`)."""
+class WriteBehind:
+    """File writes on one background thread, at most `budget` bytes behind the caller: the disk works while the
+    stage casts, hashes and encodes the next part (a file write releases the GIL). Buffers are written in the order
+    given, so each file's records stay in order. An error in the thread is raised at the next `submit`, `drain` or
+    `close`; the buffers after it are dropped (the stage fails, and its staged folder with them)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, budget: int = 64 << 20):
+        self.budget = budget
+        self.pending: collections.deque[tuple[BinaryIO, memoryview]] = collections.deque()
+        self.pending_bytes = 0
+        self.error: BaseException | None = None
+        self.closing = False
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="write-behind", daemon=True)
+        self.thread.start()
+
+    def submit(self, handle: BinaryIO, data: bytes | np.ndarray) -> None:
+        view = memoryview(data).cast("B")
+        with self.changed:
+            while self.pending_bytes and self.pending_bytes + view.nbytes > self.budget and self.error is None:
+                self.changed.wait()
+            self._raise_error()
+            self.pending.append((handle, view))
+            self.pending_bytes += view.nbytes
+            self.changed.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every buffer given so far is written."""
+        with self.changed:
+            while self.pending_bytes and self.error is None:
+                self.changed.wait()
+            self._raise_error()
+
+    def close(self) -> None:
+        """Write what is pending, stop the thread, and raise its error if it had one."""
+        with self.changed:
+            self.closing = True
+            self.changed.notify_all()
+        self.thread.join()
+        with self.changed:
+            self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise OSError(f"writing a shard failed: {self.error}") from self.error
+
+    def _run(self) -> None:
+        while True:
+            with self.changed:
+                while not self.pending and not self.closing:
+                    self.changed.wait()
+                if not self.pending:
+                    return
+                handle, view = self.pending[0]
+            try:
+                handle.write(view)
+            except BaseException as exc:  # noqa: BLE001 - raised in the stage's thread
+                with self.changed:
+                    self.error = exc
+                    self.pending.clear()
+                    self.pending_bytes = 0
+                    self.changed.notify_all()
+                return
+            with self.changed:
+                self.pending.popleft()
+                self.pending_bytes -= view.nbytes
+                self.changed.notify_all()
+
+
+class TFRecordFile:
+    """One TFRecord file, written a chunk of framed records at a time (`write_records`, `write_rows`); with a
+    `WriteBehind`, the framed bytes are written on its thread (`flush` waits for them)."""
+
+    def __init__(self, path: Path, behind: WriteBehind | None = None):
         self.path = path
         self.handle = path.open("wb")
+        self.behind = behind
         self.records = 0
 
+    def _put(self, data: bytes | np.ndarray) -> None:
+        if self.behind is None:
+            self.handle.write(data)
+        else:
+            self.behind.submit(self.handle, data)
+
     def write_records(self, records: list[bytes]) -> int:
-        self.handle.write(frame_records(records))
+        self._put(frame_records(records))
         self.records += len(records)
         return len(records)
 
     def write_rows(self, rows: Rows) -> int:
-        self.handle.write(frame_rows(rows))
+        self._put(frame_rows(rows))
         self.records += rows.matrix.shape[0]
         return rows.matrix.shape[0]
 
@@ -168,7 +248,14 @@ class TFRecordFile:
             return self.write_rows(records)
         return self.write_records(records)
 
+    def flush(self) -> None:
+        """Every record given so far is in the file (handed to the kernel)."""
+        if self.behind is not None:
+            self.behind.drain()
+        self.handle.flush()
+
     def close(self) -> None:
+        """Close the file; the caller closes a shared `WriteBehind` first (ExampleEncoder.open_writers does)."""
         self.handle.close()
 
     def __enter__(self) -> TFRecordFile:

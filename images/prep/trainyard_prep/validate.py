@@ -1,7 +1,7 @@
 """validate_data: a Great Expectations suite built from the config, run on the run's pinned input files.
 
-Each file is read in chunks (memory stays bounded by `prep.rows_per_chunk`), each chunk is one GE validation, and the
-table-level row count is checked on the total. Results JSON and Data Docs (made to open offline) go to
+Each file is read in chunks (memory stays bounded by `prep.rows_per_validation`), each chunk is one GE validation,
+and the table-level row count is checked on the total. Results JSON and Data Docs (made to open offline) go to
 `<run>/validation/` by temp-then-rename; a failure prints one line per problem, naming the file and column.
 
 Files are validated in groups (`groups.py`): a group writes its file reports and GE results to
@@ -30,7 +30,7 @@ from trainyard_contract.atomic import staged_dir, write_json
 from trainyard_contract.runtime import Progress, StageError, combined_throughput
 from trainyard_contract.schema import DataConfig, PipelineConfig
 from trainyard_prep.datadocs import make_offline
-from trainyard_prep.groups import group_entries, load_groups
+from trainyard_prep.groups import group_entries, load_group_parts, load_groups
 from trainyard_prep.readers import header_of, prefetched, read_chunks, row_name, text_columns, truncated_rows
 
 NUMERIC_TYPES = {"float": ["float64", "float32", "int64", "int32", "int16", "int8", "Float64", "Int64"],
@@ -261,7 +261,7 @@ def check_file(run_dir: Path, config: PipelineConfig, entry: dict[str, Any], run
     report = FileReport(file=entry["source"])
     path = run_dir / entry["snapshot"]
     try:
-        chunks = read_chunks(path, config.prep.rows_per_chunk(len(expected)), expected, text_columns(config.data))
+        chunks = read_chunks(path, config.prep.rows_per_validation(len(expected)), expected, text_columns(config.data))
         for chunk, nbytes in progress.timed("read", prefetched(chunks)):
             report.chunks += 1
             if config.data.label.task == "classification" and config.data.label.name in chunk.columns:
@@ -332,11 +332,7 @@ def finish_validation(run_dir: Path, config: PipelineConfig, manifest: dict[str,
                       parts: list[Path]) -> dict[str, Any]:
     """Join the groups' reports into `validation/results.json` and one Data Docs site, check the table as a whole
     (row count bounds, missing classes), and raise StageError listing every problem."""
-    groups = []
-    for part in parts:
-        if not (part / GROUP_SUMMARY).is_file():
-            raise StageError(f"{part / GROUP_SUMMARY} is missing: validate_data did not finish for that group")
-        groups.append(json.loads((part / GROUP_SUMMARY).read_text()))
+    groups = load_group_parts(parts, GROUP_SUMMARY, "validate_data")
     files = [f for group in groups for f in group["files"]]
     class_counts: dict[str, int] = {}
     for group in groups:
@@ -377,8 +373,7 @@ def finish_validation(run_dir: Path, config: PipelineConfig, manifest: dict[str,
     return summary
 
 
-def validate_inputs(volume: Path, run_dir: Path, run_id: str, config: PipelineConfig,
-                    manifest: dict[str, Any]) -> dict[str, Any]:
+def validate_inputs(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any]) -> dict[str, Any]:
     """The one-pod validate_data: every pinned file as one group, then the same join a fanned-out run's
     merge_data does; writes `validation/`; raises StageError listing every problem."""
     part = run_dir / layout.VALIDATION_PARTS / layout.group_name(0)
