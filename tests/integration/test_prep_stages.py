@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import subprocess
@@ -77,6 +78,9 @@ def test_validate_then_prepare_writes_the_run_folder(digits: tuple[PipelineConfi
     assert rows == out["rows"]["train"]
     batch = next(iter(tf.data.TFRecordDataset(files).batch(2000).map(lambda r: tf.io.parse_example(r, spec))))
     assert set(batch["digit"].numpy().tolist()) == set(range(10))
+    # the manifest's digests (taken as the shards were written) are those of the files on disk
+    for shard in out["shards"]:
+        assert shard["sha256"] == hashlib.sha256((prepared / shard["path"]).read_bytes()).hexdigest(), shard
     # deterministic: a second prepare (a retry) produces byte-identical shards, and replaces the folder atomically
     again = prepare(run_dir, config, manifest)
     assert [s["sha256"] for s in again["shards"]] == [s["sha256"] for s in out["shards"]]

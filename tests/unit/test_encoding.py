@@ -119,3 +119,21 @@ def test_the_mixed_encoder_matches_protobuf_with_text_columns(with_numeric: bool
     mixed = MixedExampleEncoder(columns).encode(frame)
     reference = ProtoExampleEncoder(columns).encode(frame)
     assert [tf.train.Example.FromString(a) for a in mixed] == [tf.train.Example.FromString(b) for b in reference]
+
+
+@pytest.mark.parametrize("one_layout", [True, False])
+def test_chunks_of_several_blocks_match_protobuf(one_layout: bool) -> None:
+    """Rows are encoded BLOCK_ROWS at a time: a chunk spanning several blocks (and a partial last one), with one
+    byte layout (contiguous blocks) or several (rows gathered per layout), matches protobuf row for row."""
+    from trainyard_prep.encoding import BLOCK_ROWS
+
+    rng = np.random.default_rng(3)
+    n = 2 * BLOCK_ROWS + 37
+    columns = [("a", "float"), ("b", "float"), ("label", "int")]
+    frame = pd.DataFrame({"a": rng.normal(size=n), "b": rng.uniform(-1e3, 1e3, size=n)})
+    frame["label"] = rng.integers(0, 5, size=n) if one_layout else rng.integers(0, 2**20, size=n)
+    fast = NumericExampleEncoder(columns).encode(frame)
+    slow = ProtoExampleEncoder(columns).encode(frame)
+    assert (len({len(record) for record in fast}) == 1) is one_layout
+    assert len(fast) == n
+    assert [tf.train.Example.FromString(a) for a in fast] == [tf.train.Example.FromString(b) for b in slow]

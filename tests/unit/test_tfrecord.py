@@ -96,14 +96,15 @@ def test_every_encoder_path_writes_what_tensorflows_writer_writes(tmp_path: Path
 
 
 def test_writes_behind_keep_each_files_order_within_the_byte_budget(tmp_path: Path) -> None:
-    """Several files fed in turns through one WriteBehind, with a budget smaller than two buffers: each file
-    holds its own records in order, the same bytes as writing them directly."""
+    """Several files fed in turns through one WriteBehind, with a budget smaller than two buffers and pages
+    dropped behind every 30 kB: each file holds its own records in order, the same bytes as writing them
+    directly."""
     from trainyard_prep.tfrecord import WriteBehind
 
     rng = np.random.default_rng(2)
     batches = [[bytes(rng.integers(0, 256, size=int(n), dtype=np.uint8)) for n in rng.integers(1, 3000, size=40)]
                for _ in range(30)]
-    behind = WriteBehind(budget=50_000)
+    behind = WriteBehind(budget=50_000, drop_every=30_000)
     files = [TFRecordFile(tmp_path / f"behind-{i}", behind) for i in range(3)]
     direct = [TFRecordFile(tmp_path / f"direct-{i}") for i in range(3)]
     for turn, batch in enumerate(batches):
@@ -112,6 +113,7 @@ def test_writes_behind_keep_each_files_order_within_the_byte_budget(tmp_path: Pa
     for writer in files:
         writer.flush()
     assert behind.pending_bytes == 0 and not behind.pending
+    assert sorted(behind.dropped_to.values())[0] >= 30_000  # every file was synced and dropped at least once
     behind.close()
     for writer in files + direct:
         writer.close()
@@ -140,3 +142,12 @@ def test_a_failed_write_behind_is_raised_in_the_stages_thread(tmp_path: Path) ->
         assert not behind.thread.is_alive()
     finally:
         full.close()
+
+
+def test_rows_of_several_frame_blocks_are_framed_record_by_record_alike() -> None:
+    """frame_rows works FRAME_ROWS records at a time: across block boundaries its bytes equal the per-record
+    framing (one CRC32C call per record, itself checked against TensorFlow's writer above)."""
+    from trainyard_prep.tfrecord import FRAME_ROWS, frame_records, frame_rows
+
+    rows = template_rows(2 * FRAME_ROWS + 11, 23, [1, 2, 3, 20], seed=4)
+    assert frame_rows(rows).tobytes() == frame_records([row.tobytes() for row in rows.matrix])

@@ -49,6 +49,7 @@ def _varint_bytes(value: int) -> bytes:
 
 
 Columns = Sequence[tuple[str, str]]
+BLOCK_ROWS = 4096  # rows encoded and framed at a time: a block of records (~0.3-2 MB) stays in the CPU's cache
 
 
 class NumericExampleEncoder:
@@ -102,10 +103,18 @@ class NumericExampleEncoder:
             every = len(rows) == n  # one layout: columns are copied as they are, not gathered by row
             lengths = dict(zip(varints, layout.tolist(), strict=True))
             template, slots = self._template(lengths)
-            matrix = np.broadcast_to(np.frombuffer(template, dtype=np.uint8), (len(rows), len(template))).copy()
-            for column, (offset, width) in slots.items():
-                source = varints[column][0][:, :width] if column in varints else values[column]
-                matrix[:, offset : offset + width] = source if every else source[rows]
+            matrix = np.empty((len(rows), len(template)), dtype=np.uint8)
+            sources = {column: varints[column][0][:, :width] if column in varints else values[column]
+                       for column, (offset, width) in slots.items()}
+            blank = np.frombuffer(template, dtype=np.uint8)
+            # block by block, so the block stays in the CPU's cache while every column is written into it (a
+            # column written over the whole matrix at once touches every row's cache line once per column)
+            for start in range(0, len(rows), BLOCK_ROWS):
+                block = matrix[start : start + BLOCK_ROWS]
+                block[:] = blank
+                picked = slice(start, start + BLOCK_ROWS) if every else rows[start : start + BLOCK_ROWS]
+                for column, (offset, width) in slots.items():
+                    block[:, offset : offset + width] = sources[column][picked]
             varying = np.concatenate([np.arange(offset, offset + width) for offset, width in slots.values()])
             yield rows, Rows(matrix, template, varying)
 

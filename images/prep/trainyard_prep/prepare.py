@@ -334,7 +334,8 @@ def prepare_files(run_dir: Path, config: PipelineConfig, entries: list[dict[str,
         with progress.phase("write"):  # the writes still behind (tfrecord.WriteBehind) count as writing
             for sink in sinks:
                 sink.flush()
-    summary = {"files": files, "shard_rows": shard_rows, "throughput": progress.done()}
+        shard_sha256 = {name: [sink.sha256() for sink in group] for name, group in sink_of.items()}
+    summary = {"files": files, "shard_rows": shard_rows, "shard_sha256": shard_sha256, "throughput": progress.done()}
     write_json(out / PARTIALS, summary)
     return summary
 
@@ -416,14 +417,20 @@ def _merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, A
         for name, paths in writers.items():
             for path in paths:
                 join_files([part / name / path.name for part in parts], path)
-        every = [path for paths in writers.values() for path in paths]
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib lets go of the GIL
-            digests = dict(zip(every, pool.map(_file_digest, every), strict=True))
         outputs = [
             {"path": str(path.relative_to(out)), "split": name, "rows": shard_rows[name][i],
-             "bytes": path.stat().st_size, "sha256": digests[path]}
+             "bytes": path.stat().st_size, "sha256": ""}
             for name, paths in writers.items() for i, path in enumerate(paths)
         ]
+        if len(groups) == 1:  # the part was renamed into place: its digest, taken as it was written, holds
+            for entry, digest in zip(outputs, groups[0]["shard_sha256"]["train"] + groups[0]["shard_sha256"]["eval"],
+                                     strict=True):
+                entry["sha256"] = digest
+        else:
+            every = [out / entry["path"] for entry in outputs]
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib lets go of the GIL
+                for entry, digest in zip(outputs, pool.map(_file_digest, every), strict=True):
+                    entry["sha256"] = digest
         if before_commit is not None:
             before_commit()
         schema = schema_document(config, feature_stats, vocabularies, regression_stats)
