@@ -12,6 +12,7 @@ extension (hardware CRC instructions where the CPU has them), or, for a chunk of
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import os
 import struct
@@ -211,8 +212,9 @@ class WriteBehind:
         if end - start < self.drop_every or not hasattr(os, "posix_fadvise"):  # macOS has no fadvise: skip
             return
         handle.flush()
-        os.fdatasync(handle.fileno())
-        os.posix_fadvise(handle.fileno(), start, end - start, os.POSIX_FADV_DONTNEED)
+        os.fdatasync(handle.fileno())  # an I/O error here is the write's error
+        with contextlib.suppress(OSError):  # advice only: a filesystem that refuses it keeps the pages cached
+            os.posix_fadvise(handle.fileno(), start, end - start, os.POSIX_FADV_DONTNEED)
         self.dropped_to[handle] = end
 
     def _raise_error(self) -> None:
