@@ -22,15 +22,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from trainyard_contract import layout
+
+T = TypeVar("T")
 
 READ = """
 import resource, sys, time
@@ -98,6 +104,14 @@ def plain_read(path: Path, how: str) -> tuple[float, float]:
                          env=image_env())
     rate, rss = out.stdout.split()
     return float(rate), int(rss) / 1024
+
+
+def in_fresh_process(function: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """`function(*args)` in a spawned process. Linux counts a child's peak RSS from before its exec, i.e. the
+    memory of the process that started it: the tables are made elsewhere so this one stays small and the
+    stages' peaks (os.wait4) are their own."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args, **kwargs).result()
 
 
 def make_tables(root: Path, rows: int, features: int, file_format: str) -> dict[int, Path]:
@@ -171,7 +185,7 @@ def fan_out(root: Path, rows: int, features: int, files: int) -> None:
     task is a pod), the CPU seconds the steps used, and a check that both give the same shard bytes."""
     from trainyard_prep.example_data import write_synthetic
 
-    write_synthetic(root / layout.DATASETS / "bench", rows=rows, features=features, days=files)
+    in_fresh_process(write_synthetic, root / layout.DATASETS / "bench", rows=rows, features=features, days=files)
     walls, steps, shards, cpu = {}, {}, {}, {}
     for groups in (1, 2):
         config_json = config_for(features, "csv", groups).model_dump_json()
@@ -219,7 +233,7 @@ def main() -> int:
     for file_format in args.formats:
         for features in args.features:
             with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-                volumes = make_tables(Path(tmp), args.rows, features, file_format)
+                volumes = in_fresh_process(make_tables, Path(tmp), args.rows, features, file_format)
                 results = [measure(volume, rows, features, file_format) for rows, volume in volumes.items()]
             report(file_format, features, results)
     return 0

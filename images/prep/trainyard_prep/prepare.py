@@ -33,7 +33,7 @@ from trainyard_contract.runtime import Progress, StageError, combined_throughput
 from trainyard_contract.schema import DataConfig, Feature, PipelineConfig
 from trainyard_prep.encoding import ExampleEncoder
 from trainyard_prep.groups import group_entries, load_group_parts, load_groups
-from trainyard_prep.readers import prefetched, read_chunks, text_columns
+from trainyard_prep.readers import chunks_of_files, prefetched, text_columns
 
 HASH_BUCKETS = 10_000
 PARTIALS = "partials.json"  # a group's per-file partial statistics and per-shard row counts
@@ -287,50 +287,54 @@ def prepare_files(run_dir: Path, config: PipelineConfig, entries: list[dict[str,
         (label.name, "int" if label.task == "classification" else "float")]
     split = data.split
     text = text_columns(data)
-    files: list[dict[str, Any]] = []
     encoder = ExampleEncoder(stored)
     writers = shard_paths(out, data)
     shard_rows = {name: [0] * len(paths) for name, paths in writers.items()}
     with encoder.open_writers([p for paths in writers.values() for p in paths]) as sinks:
         progress = Progress("prepare")  # started once the shard files are open: rows/s of the work itself
         sink_of = {"train": sinks[: data.shards.train], "eval": sinks[data.shards.train :]}
-        for entry in entries:
-            path = run_dir / entry["snapshot"]
-            partial = FilePartials(config)
-            file_rows = 0
-            chunks = read_chunks(path, config.prep.rows_per_chunk(len(read_columns)), read_columns, text)
-            for chunk, nbytes in progress.timed("read", prefetched(chunks)):
-                missing = [c for c in read_columns if c not in chunk.columns]
-                if missing:
-                    raise StageError(f"{entry['source']}: missing column(s) {missing} (did validate_data run?)")
-                with progress.phase("cast"):
-                    frame = typed_frame(chunk, data, class_index, entry["source"])
-                rows = len(chunk)
-                del chunk  # the typed frame is all that is needed: one chunk less in memory
-                with progress.phase("hash_split"):
-                    is_eval, shard = split_and_shard(frame, split.seed, split.eval_fraction, data.shards.train,
-                                                     data.shards.eval)
-                with progress.phase("statistics"):
-                    train_rows = frame[~is_eval]
-                    partial.stats.update(train_rows[numeric].to_numpy(dtype=np.float64))
-                    partial.vocab.update(train_rows)
-                    if label.task == "regression":
-                        partial.label_stats.update(train_rows[[label.name]].to_numpy(dtype=np.float64))
-                for name, mask in (("train", ~is_eval), ("eval", is_eval)):
-                    if not mask.any():
-                        continue
-                    part = frame[mask]
-                    part_shards = shard[mask]
-                    if classes:
-                        partial.label_counts[name] += np.bincount(part[label.name].to_numpy(), minlength=len(classes))
-                    for index in np.unique(part_shards):
-                        with progress.phase("encode"):
-                            records = encoder.encode(part[part_shards == index])
-                        with progress.phase("write"):
-                            shard_rows[name][index] += sink_of[name][index].write(records)
-                progress.add(rows, nbytes)
-                file_rows += rows
-            files.append(partial.state(entry["source"], file_rows))
+        partials = [FilePartials(config) for _ in entries]  # statistics are kept per file (merge folds them)
+        file_rows = [0] * len(entries)
+        paths = [run_dir / entry["snapshot"] for entry in entries]
+        stream = chunks_of_files(paths, config.prep.rows_per_chunk(len(read_columns)), read_columns, text)
+        for item in progress.timed("read", prefetched(stream)):
+            if item.error is not None:
+                raise item.error
+            file, chunk, nbytes = item.file, item.frame, item.nbytes
+            del item  # the chunk is dropped below, once cast
+            source, partial = entries[file]["source"], partials[file]
+            missing = [c for c in read_columns if c not in chunk.columns]
+            if missing:
+                raise StageError(f"{source}: missing column(s) {missing} (did validate_data run?)")
+            with progress.phase("cast"):
+                frame = typed_frame(chunk, data, class_index, source)
+            rows = len(chunk)
+            del chunk  # the typed frame is all that is needed: one chunk less in memory
+            with progress.phase("hash_split"):
+                is_eval, shard = split_and_shard(frame, split.seed, split.eval_fraction, data.shards.train,
+                                                 data.shards.eval)
+            with progress.phase("statistics"):
+                train_rows = frame[~is_eval]
+                partial.stats.update(train_rows[numeric].to_numpy(dtype=np.float64))
+                partial.vocab.update(train_rows)
+                if label.task == "regression":
+                    partial.label_stats.update(train_rows[[label.name]].to_numpy(dtype=np.float64))
+            for name, mask in (("train", ~is_eval), ("eval", is_eval)):
+                if not mask.any():
+                    continue
+                part = frame[mask]
+                part_shards = shard[mask]
+                if classes:
+                    partial.label_counts[name] += np.bincount(part[label.name].to_numpy(), minlength=len(classes))
+                for index in np.unique(part_shards):
+                    with progress.phase("encode"):
+                        records = encoder.encode(part[part_shards == index])
+                    with progress.phase("write"):
+                        shard_rows[name][index] += sink_of[name][index].write(records)
+            progress.add(rows, nbytes)
+            file_rows[file] += rows
+        files = [partial.state(entry["source"], rows)
+                 for partial, entry, rows in zip(partials, entries, file_rows, strict=True)]
         with progress.phase("write"):  # the writes still behind (tfrecord.WriteBehind) count as writing
             for sink in sinks:
                 sink.flush()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,6 +33,31 @@ def read_chunks(path: Path, chunk_rows: int, columns: list[str] | None = None,
         yield from read_parquet_chunks(path, chunk_rows, columns)
         return
     yield from read_csv_chunks(path, chunk_rows, columns, text_columns)
+
+
+@dataclass(frozen=True)
+class FileChunk:
+    """A chunk of one of several files read as one stream (`chunks_of_files`), or the error that ended that
+    file's chunks."""
+
+    file: int  # the file's index in the list read
+    frame: pd.DataFrame | None
+    nbytes: int
+    error: StageError | None = None
+
+
+def chunks_of_files(paths: list[Path], chunk_rows: int, columns: list[str] | None = None,
+                    text_columns: frozenset[str] = frozenset()) -> Iterator[FileChunk]:
+    """Every chunk of every file, in order, as one stream: under `prefetched`, the next file's first chunk is
+    parsed while the stage works on this file's last (a daily partition is often a single chunk, which read file
+    by file was never read ahead). A file that cannot be read ends its part of the stream with a FileChunk that
+    holds the StageError, and the next file follows."""
+    for index, path in enumerate(paths):
+        try:
+            for frame, nbytes in read_chunks(path, chunk_rows, columns, text_columns):
+                yield FileChunk(index, frame, nbytes)
+        except StageError as exc:
+            yield FileChunk(index, None, 0, exc)
 
 
 def _object_text(chunk: pd.DataFrame) -> pd.DataFrame:

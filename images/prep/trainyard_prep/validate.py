@@ -31,7 +31,7 @@ from trainyard_contract.runtime import Progress, StageError, combined_throughput
 from trainyard_contract.schema import DataConfig, PipelineConfig
 from trainyard_prep.datadocs import make_offline
 from trainyard_prep.groups import group_entries, load_group_parts, load_groups
-from trainyard_prep.readers import header_of, prefetched, read_chunks, row_name, text_columns, truncated_rows
+from trainyard_prep.readers import chunks_of_files, header_of, prefetched, row_name, text_columns, truncated_rows
 
 NUMERIC_TYPES = {"float": ["float64", "float32", "int64", "int32", "int16", "int8", "Float64", "Int64"],
                  "int": ["int64", "int32", "int16", "int8", "Int64"]}
@@ -254,46 +254,52 @@ def build_data_docs(config: PipelineConfig, docs_dir: Path, result_files: list[P
     make_offline(docs_dir)
 
 
-def check_file(run_dir: Path, config: PipelineConfig, entry: dict[str, Any], runner: SuiteRunner,
-               progress: Progress, class_counts: dict[str, int]) -> FileReport:
-    """Validate one pinned file chunk by chunk: its rows, chunks and one line per problem (file and column)."""
+def check_chunk(config: PipelineConfig, runner: SuiteRunner, report: FileReport, chunk: pd.DataFrame,
+                name: str, class_counts: dict[str, int], progress: Progress) -> None:
+    """Validate one chunk of a file with the suite: count its classes, and add one line per problem (row
+    numbers, column) to the file's report."""
     expected = [c.name for c in config.data.columns()] + [config.data.label.name]
-    report = FileReport(file=entry["source"])
-    path = run_dir / entry["snapshot"]
-    try:
-        chunks = read_chunks(path, config.prep.rows_per_validation(len(expected)), expected, text_columns(config.data))
-        for chunk, nbytes in progress.timed("read", prefetched(chunks)):
-            report.chunks += 1
-            if config.data.label.task == "classification" and config.data.label.name in chunk.columns:
-                for value, count in chunk[config.data.label.name].value_counts().items():
-                    key = str(value)  # counted first, then named: not a str() per row
-                    class_counts[key] = class_counts.get(key, 0) + int(count)
-            report.rows += len(chunk)
-            progress.add(len(chunk), nbytes)
-            with progress.phase("great_expectations"):
-                result = runner.validate(chunk, f"{Path(entry['source']).parent.name}-{path.name}-{report.chunks}")
-            truncated = truncated_rows(chunk)
-            for index in truncated[:5]:
-                filled = int(chunk.loc[index].notna().sum())
-                report.problems.append(
-                    f"{row_name(chunk, index)} is truncated: only {filled} of {chunk.shape[1]} fields have values"
-                )
-            for item in result.results:
-                if not item.success:
-                    line = _describe(item, chunk, truncated, header_of(chunk), expected)
-                    if line and line not in report.problems:
-                        report.problems.append(line)
-    except StageError as exc:
-        report.problems.append(str(exc))
-    return report
+    report.chunks += 1
+    if config.data.label.task == "classification" and config.data.label.name in chunk.columns:
+        for value, count in chunk[config.data.label.name].value_counts().items():
+            key = str(value)  # counted first, then named: not a str() per row
+            class_counts[key] = class_counts.get(key, 0) + int(count)
+    report.rows += len(chunk)
+    with progress.phase("great_expectations"):
+        result = runner.validate(chunk, f"{name}-{report.chunks}")
+    truncated = truncated_rows(chunk)
+    for index in truncated[:5]:
+        filled = int(chunk.loc[index].notna().sum())
+        report.problems.append(
+            f"{row_name(chunk, index)} is truncated: only {filled} of {chunk.shape[1]} fields have values"
+        )
+    for item in result.results:
+        if not item.success:
+            line = _describe(item, chunk, truncated, header_of(chunk), expected)
+            if line and line not in report.problems:
+                report.problems.append(line)
 
 
 def validate_files(run_dir: Path, config: PipelineConfig, entries: list[dict[str, Any]], out: Path) -> dict[str, Any]:
-    """Validate one group of pinned files; write its file reports (`summary.json`) and GE results to `out`."""
+    """Validate one group of pinned files chunk by chunk, the files read as one stream (the next file is read
+    ahead too); write its file reports (`summary.json`) and GE results to `out`. A file that cannot be read
+    is a problem of that file, and the next one is validated."""
     progress = Progress("validate")
     class_counts: dict[str, int] = {}
     runner = SuiteRunner(config)
-    reports = [check_file(run_dir, config, entry, runner, progress, class_counts) for entry in entries]
+    expected = [c.name for c in config.data.columns()] + [config.data.label.name]
+    reports = [FileReport(file=entry["source"]) for entry in entries]
+    paths = [run_dir / entry["snapshot"] for entry in entries]
+    stream = chunks_of_files(paths, config.prep.rows_per_validation(len(expected)), expected,
+                             text_columns(config.data))
+    for item in progress.timed("read", prefetched(stream)):
+        report = reports[item.file]
+        if item.error is not None:
+            report.problems.append(str(item.error))
+            continue
+        progress.add(len(item.frame), item.nbytes)
+        name = f"{Path(entries[item.file]['source']).parent.name}-{paths[item.file].name}"
+        check_chunk(config, runner, report, item.frame, name, class_counts, progress)
     write_json(out / GE_RESULTS, runner.stored_results())
     summary = {"files": [r.as_dict() for r in reports], "label_counts": class_counts,
                "expectations": len(runner.suite.expectations), "throughput": progress.done()}
