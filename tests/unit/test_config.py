@@ -258,8 +258,8 @@ def test_chunk_rows_default_to_a_cell_budget_within_bounds() -> None:
     assert auto.rows_per_chunk(65) == 200_000  # at least 200k rows, whatever the columns
     assert PrepConfig(chunk_rows=1234).rows_per_chunk(17) == 1234
     # validate's chunks are larger: one GE validation each, with a fixed cost per validation
-    assert auto.rows_per_validation(17) == 1_000_000  # at most 1M rows
-    assert auto.rows_per_validation(65) == 492_307  # about 32M cells
+    assert auto.rows_per_validation(17) == 500_000  # at most 500k rows
+    assert auto.rows_per_validation(65) == 492_307  # about 32M cells, where prepare reads 200k rows
     assert auto.rows_per_validation(257) == 200_000
     assert PrepConfig(chunk_rows=1234).rows_per_validation(17) == 1234
     with pytest.raises(ValidationError, match="greater than or equal to 100"):

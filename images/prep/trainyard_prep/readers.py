@@ -97,6 +97,7 @@ def read_parquet_chunks(path: Path, chunk_rows: int,
     try:
         for batch in handle.iter_batches(batch_size=chunk_rows, columns=wanted):
             chunk = _object_text(batch.to_pandas())
+            del batch  # not held (a second copy of the chunk) while the stage works on the frame
             chunk.index = pd.RangeIndex(rows_seen, rows_seen + len(chunk))
             chunk.attrs["header"] = header
             chunk.attrs["format"] = "parquet"
