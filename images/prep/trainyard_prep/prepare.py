@@ -426,7 +426,7 @@ def _merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, A
              "bytes": path.stat().st_size, "sha256": ""}
             for name, paths in writers.items() for i, path in enumerate(paths)
         ]
-        if len(groups) == 1:  # the part was renamed into place: its digest, taken as it was written, holds
+        if len(groups) == 1 and "shard_sha256" in groups[0]:  # renamed into place: the digest taken as written holds
             for entry, digest in zip(outputs, groups[0]["shard_sha256"]["train"] + groups[0]["shard_sha256"]["eval"],
                                      strict=True):
                 entry["sha256"] = digest
