@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import google_crc32c
@@ -96,30 +97,33 @@ def test_every_encoder_path_writes_what_tensorflows_writer_writes(tmp_path: Path
 
 
 def test_writes_behind_keep_each_files_order_within_the_byte_budget(tmp_path: Path) -> None:
-    """Several files fed in turns through one WriteBehind, with a budget smaller than two buffers and pages
-    dropped behind every 30 kB: each file holds its own records in order, the same bytes as writing them
-    directly."""
+    """Several files fed in turns through one WriteBehind: each file holds its own records in order, the same
+    bytes as writing them directly; once with every buffer queued before the thread writes any (it waits for
+    the lock the test holds), once with a budget smaller than two buffers, pages dropped behind every 30 kB."""
     from trainyard_prep.tfrecord import WriteBehind
 
     rng = np.random.default_rng(2)
     batches = [[bytes(rng.integers(0, 256, size=int(n), dtype=np.uint8)) for n in rng.integers(1, 3000, size=40)]
                for _ in range(30)]
-    behind = WriteBehind(budget=50_000, drop_every=30_000)
-    files = [TFRecordFile(tmp_path / f"behind-{i}", behind) for i in range(3)]
-    direct = [TFRecordFile(tmp_path / f"direct-{i}") for i in range(3)]
-    for turn, batch in enumerate(batches):
-        files[turn % 3].write_records(batch)
-        direct[turn % 3].write_records(batch)
-    for writer in files:
-        writer.flush()
-    assert behind.pending_bytes == 0 and not behind.pending
+    for label, behind in (("queued", WriteBehind(budget=1 << 30)), ("budget", WriteBehind(50_000, drop_every=30_000))):
+        files = [TFRecordFile(tmp_path / f"{label}-{i}", behind) for i in range(3)]
+        direct = [TFRecordFile(tmp_path / f"{label}-direct-{i}") for i in range(3)]
+        with behind.changed if label == "queued" else contextlib.nullcontext():
+            for turn, batch in enumerate(batches):
+                files[turn % 3].write_records(batch)
+                direct[turn % 3].write_records(batch)
+            if label == "queued":
+                assert len(behind.pending) == len(batches)  # nothing written yet: the order is the thread's
+        for writer in files:
+            writer.flush()
+        assert behind.pending_bytes == 0 and not behind.pending
+        behind.close()
+        for writer in files + direct:
+            writer.close()
+        for i in range(3):
+            assert (tmp_path / f"{label}-{i}").read_bytes() == (tmp_path / f"{label}-direct-{i}").read_bytes()
     assert sorted(behind.dropped_to.values())[0] >= 30_000  # every file was synced and dropped at least once
-    behind.close()
-    for writer in files + direct:
-        writer.close()
-    for i in range(3):
-        assert (tmp_path / f"behind-{i}").read_bytes() == (tmp_path / f"direct-{i}").read_bytes()
-    assert (tmp_path / "behind-0").stat().st_size > 50_000  # many times the budget went through
+    assert (tmp_path / "budget-0").stat().st_size > 50_000  # many times the budget went through
 
 
 def test_a_failed_write_behind_is_raised_in_the_stages_thread(tmp_path: Path) -> None:
