@@ -421,20 +421,19 @@ def _merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, A
         for name, paths in writers.items():
             for path in paths:
                 join_files([part / name / path.name for part in parts], path)
+        every = [path for paths in writers.values() for path in paths]
+        written = groups[0].get("shard_sha256") if len(groups) == 1 else None
+        if written is not None:  # the part was renamed into place: the digests taken as it was written hold
+            digests = written["train"] + written["eval"]
+        else:
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib lets go of the GIL
+                digests = list(pool.map(_file_digest, every))
+        sha256_of = dict(zip(every, digests, strict=True))
         outputs = [
             {"path": str(path.relative_to(out)), "split": name, "rows": shard_rows[name][i],
-             "bytes": path.stat().st_size, "sha256": ""}
+             "bytes": path.stat().st_size, "sha256": sha256_of[path]}
             for name, paths in writers.items() for i, path in enumerate(paths)
         ]
-        if len(groups) == 1 and "shard_sha256" in groups[0]:  # renamed into place: the digest taken as written holds
-            for entry, digest in zip(outputs, groups[0]["shard_sha256"]["train"] + groups[0]["shard_sha256"]["eval"],
-                                     strict=True):
-                entry["sha256"] = digest
-        else:
-            every = [out / entry["path"] for entry in outputs]
-            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib lets go of the GIL
-                for entry, digest in zip(outputs, pool.map(_file_digest, every), strict=True):
-                    entry["sha256"] = digest
         if before_commit is not None:
             before_commit()
         schema = schema_document(config, feature_stats, vocabularies, regression_stats)
