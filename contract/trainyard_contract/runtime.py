@@ -56,9 +56,38 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-end", type=dt.datetime.fromisoformat, help="data interval end (ISO 8601)")
 
 
+def exit_on_sigterm() -> None:
+    """Die on SIGTERM even as a container's PID 1.
+
+    The kernel ignores a signal whose handler is the default for PID 1, which every stage process is in its pod,
+    so without a handler a deleted pod (a lost replica, a stopped task, a cleanup sweep) ran out its whole grace
+    period: a chief kept training and writing checkpoints into the run folder after its job had failed. Outside a
+    container the process still dies by the signal itself, as it always did. Main thread only (Python's rule)."""
+    import signal
+    import sys
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        log.warning("SIGTERM: stopping now")
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        if os.getpid() != 1:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        os._exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
-    """Set up logging and parse; argparse's own exit (usage error 2, --help 0) becomes a return code."""
+    """Set up logging, stop on SIGTERM (see `exit_on_sigterm`) and parse; argparse's own exit (usage error 2,
+    --help 0) becomes a return code."""
     setup_logging()
+    exit_on_sigterm()
     try:
         return parser.parse_args(argv)
     except SystemExit as exc:

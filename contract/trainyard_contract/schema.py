@@ -380,6 +380,10 @@ class TrainingConfig(Strict):
         "worker, for parameter_server): fewer dispatches per step, Keras' steps_per_execution; a checkpoint "
         "interval is cut into such calls")
     restart_budget: int = Field(3, ge=0, le=100)
+    timeout_minutes: int = Field(
+        24 * 60, ge=1, le=30 * 24 * 60, description="the longest a training job may run: every replica pod gets it "
+        "as activeDeadlineSeconds (the kubelet stops it then, whoever launched it is gone), and the train task "
+        "as its execution_timeout")
     port: int = Field(2222, ge=1024, le=65535)
     pool: PoolName = Field("trainyard_training", description="Airflow pool of the train task: its slots are how "
                            "many training jobs (of every pipeline in the pool) may hold GPUs at once")

@@ -1,5 +1,6 @@
 """`trainyard`: the verbs Airflow has no word for. `check` configs, `run` a pipeline end to end, write example `data`,
-create the `pools` the configs name, `mark-data` for asset-scheduled pipelines, `new` to scaffold a pipeline.
+create the `pools` the configs name, `mark-data` for asset-scheduled pipelines, `new` to scaffold a pipeline,
+`cleanup` the training jobs on a cluster whose launcher died.
 
 Exit codes: 0 success, 1 invalid config or failed run, 2 usage error.
 """
@@ -226,6 +227,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif state != "success" and dag_run is not None:
         for line in local_run.failure_summary(dag_run):
             print(f"trainyard run: {line}")
+    if dag_run is not None:
+        times = local_run.stage_times(dag_run)
+        print("trainyard run: stage times: " + (", ".join(f"{task} {seconds:.1f}s" for task, seconds in times)
+                                                 or "none ran"))
     print(f"trainyard run: run folder: {run_dir}")
     print(f"trainyard run: log: {log_path}")
     if local_run.INTERRUPTED:
@@ -413,6 +418,42 @@ def cmd_pools(args: argparse.Namespace) -> int:
     return EXIT_FAILED if errors else EXIT_OK
 
 
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    """Delete the training jobs whose launcher died (an expired lease), in every namespace the configs use,
+    through each config's Kubernetes connection. Safe to schedule: live jobs renew their lease."""
+    import logging
+
+    configs, errors = check_folder(pipeline_files(settings.pipelines_dir()))
+    for line in errors:
+        print(line, file=sys.stderr)
+    if args.pipeline:
+        unknown = sorted(set(args.pipeline) - {c.name for c in configs})
+        if unknown:
+            print(f"trainyard cleanup: no valid pipeline named {', '.join(unknown)}", file=sys.stderr)
+            return EXIT_USAGE
+        configs = [c for c in configs if c.name in args.pipeline]
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log = logging.getLogger("trainyard.cleanup")
+    from trainyard.backends.kubernetes import KubernetesLauncher
+
+    swept: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for config in configs:
+        where = (config.kubernetes.connection_id, config.kubernetes.namespace)
+        if where in seen:
+            continue
+        seen.add(where)
+        try:
+            swept += KubernetesLauncher(config).sweep_expired(log, dry_run=args.dry_run)
+        except Exception as exc:  # a connection that is not set up: say which, go on with the others
+            print(f"trainyard cleanup: namespace {where[1]} via connection {where[0]!r}: {exc}", file=sys.stderr)
+            errors.append(str(exc))
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"trainyard cleanup: {verb} {len(swept)} abandoned training job(s){': ' if swept else ''}"
+          f"{', '.join(swept)}")
+    return EXIT_FAILED if errors else EXIT_OK
+
+
 def cmd_mark_data(args: argparse.Namespace) -> int:
     """Register new data for an asset-scheduled pipeline through the REST API: Airflow then starts a run."""
     loaded = load_named(args.pipeline)
@@ -446,7 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="do not build each model on its config's features (that step imports TensorFlow, "
                             "in a subprocess: a few seconds)")
     check.set_defaults(func=cmd_check)
-    run = commands.add_parser("run", help="run one pipeline end to end through Airflow on the local backend")
+    run = commands.add_parser("run", help="run one pipeline end to end through Airflow (dag.test) on the local "
+                              "backend, or on a cluster with TRAINYARD_BACKEND=kubernetes")
     run.add_argument("pipeline", help="pipeline name (the config's file name)")
     run.add_argument("--conf", help="JSON object of trigger parameters, e.g. '{\"steps\": 200}'")
     run.set_defaults(func=cmd_run)
@@ -488,6 +530,11 @@ def build_parser() -> argparse.ArgumentParser:
     pools = commands.add_parser("pools", help="create the Airflow pools the configs name (existing ones are kept)")
     pools.add_argument("--slots", type=int, default=1, help="slots of each pool created (default 1)")
     pools.set_defaults(func=cmd_pools)
+    cleanup = commands.add_parser("cleanup", help="delete training jobs on the cluster whose launcher died "
+                                  "(no lease renewal for 60 s); schedule it, e.g. every 5 minutes")
+    cleanup.add_argument("pipeline", nargs="*", help="only these pipelines' namespaces (default: every config's)")
+    cleanup.add_argument("--dry-run", action="store_true", help="list what would be deleted")
+    cleanup.set_defaults(func=cmd_cleanup)
     mark = commands.add_parser("mark-data", help="register new data for an asset-scheduled pipeline (REST API)")
     mark.add_argument("pipeline")
     mark.add_argument("--partition", help="the partition that landed (recorded in the event's extra)")

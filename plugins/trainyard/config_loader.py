@@ -3,6 +3,10 @@
 `_defaults.yaml` in the same folder (files starting with `_` are not pipelines) holds cluster-wide defaults
 (namespace, volume, node pools, GPU tiers); each pipeline file is deep-merged over it, and an error in a value that
 came from the defaults file points at that file.
+
+`TRAINYARD_PROFILE=<name>` adds `_profile-<name>.yaml` from the same folder between the two: defaults for one kind
+of cluster (the shipped `small` profile fits one node with 2 CPUs and no GPU), which a pipeline's own values still
+override. The variable belongs where the DAGs are parsed and run (the Airflow scheduler, workers, the CLI).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from trainyard.yaml_source import Loc, SourceDocument, YamlSourceError, load_yam
 from trainyard_contract.schema import UNION_TAGS, PipelineConfig
 
 DEFAULTS_FILE = "_defaults.yaml"
+PROFILE_ENV = "TRAINYARD_PROFILE"
 CONFIG_SUFFIXES = (".yaml", ".yml")
 
 
@@ -130,9 +135,20 @@ def _error_line(error: dict[str, Any], sources: Iterable[SourceDocument], fallba
 _defaults_cache: dict[tuple[str, int, int], SourceDocument] = {}
 
 
-def load_defaults(folder: Path) -> SourceDocument | None:
-    """The folder's `_defaults.yaml`, parsed once per process and file version (every DAG shim asks for it)."""
-    path = folder / DEFAULTS_FILE
+def profile_file(folder: Path) -> Path | None:
+    """`_profile-<name>.yaml` for `TRAINYARD_PROFILE=<name>`; None when no profile is asked for."""
+    name = os.environ.get(PROFILE_ENV, "").strip()
+    if not name:
+        return None
+    path = folder / f"_profile-{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.name[len("_profile-"):-len(".yaml")] for p in folder.glob("_profile-*.yaml"))
+        raise ConfigError([f"{display_path(folder)}: {PROFILE_ENV}={name!r} but there is no {path.name} there "
+                           f"(profiles: {', '.join(known) or 'none'}); unset it or add the file"])
+    return path
+
+
+def _cached_yaml(path: Path) -> SourceDocument | None:
     try:
         stat = path.stat()
     except FileNotFoundError:
@@ -143,12 +159,22 @@ def load_defaults(folder: Path) -> SourceDocument | None:
     return _defaults_cache[key]
 
 
+def load_defaults(folder: Path) -> list[SourceDocument]:
+    """The folder's `_defaults.yaml`, then the `TRAINYARD_PROFILE` file if one is set (lowest first), each parsed
+    once per process and file version (every DAG shim asks for them)."""
+    paths = [folder / DEFAULTS_FILE, profile_file(folder)]
+    return [doc for doc in (_cached_yaml(p) for p in paths if p is not None) if doc is not None]
+
+
 def validate_document(
-    document: SourceDocument, defaults: SourceDocument | None, expected_name: str | None
+    document: SourceDocument, defaults: list[SourceDocument] | None, expected_name: str | None
 ) -> PipelineConfig:
-    """Validate one parsed pipeline (merged over the defaults); raise ConfigError with every problem."""
-    data = deep_merge(defaults.data, document.data) if defaults else document.data
-    sources = [document, defaults] if defaults else [document]
+    """Validate one parsed pipeline (merged over the defaults, lowest first); raise ConfigError with every
+    problem, each pointing at the file its value came from."""
+    data: dict[str, Any] = {}
+    for layer in [*(defaults or []), document]:
+        data = deep_merge(data, layer.data) if data else layer.data
+    sources = [document, *reversed(defaults or [])]
     try:
         config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
@@ -162,8 +188,9 @@ def validate_document(
     return config
 
 
-def load_pipeline_file(path: Path, defaults: SourceDocument | None = None) -> PipelineConfig:
-    """Load one pipeline config file; defaults come from `_defaults.yaml` beside it unless given."""
+def load_pipeline_file(path: Path, defaults: list[SourceDocument] | None = None) -> PipelineConfig:
+    """Load one pipeline config file; defaults come from `_defaults.yaml` (and the profile) beside it unless
+    given."""
     try:
         if defaults is None:
             defaults = load_defaults(path.parent)
@@ -201,7 +228,7 @@ def check_folder(paths: list[Path]) -> tuple[list[PipelineConfig], list[str]]:
     configs: list[PipelineConfig] = []
     errors: list[str] = []
     seen: dict[str, Path] = {}
-    defaults_cache: dict[Path, SourceDocument | None] = {}
+    defaults_cache: dict[Path, list[SourceDocument]] = {}
     for path in paths:
         try:
             folder = path.parent.resolve()

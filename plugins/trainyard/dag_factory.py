@@ -105,8 +105,8 @@ def stage_task(config: PipelineConfig, stage: Stage, next_stage: Stage | None,
                               "retries": stage.retries(config)}
     if stage.pool(config):
         common["pool"] = stage.pool(config)
-    if stage.timeout is not None:
-        common["execution_timeout"] = stage.timeout
+    if stage.timeout(config) is not None:
+        common["execution_timeout"] = stage.timeout(config)
     if over is not None:
         if stage.kind != "pod":
             raise ValueError(f"stage {stage.name!r}: only a `pod` stage can be mapped, not a {stage.kind!r} one")

@@ -24,6 +24,7 @@ VOLUME_NAME = "trainyard-data"
 SCRATCH_NAME = "scratch"
 SCRATCH_PATH = "/tmp"
 RUN_AS_USER = 1000
+PLACEMENT_ANNOTATION = "trainyard.io/placement"  # which nodes a pod needs, in words (quoted while it is Pending)
 
 
 def label_value(text: str) -> str:
@@ -120,8 +121,11 @@ def build_pod(
     subdomain: str | None = None,
     priority_class: str | None = None,
     tolerations: list[dict[str, str]] | None = None,
+    active_deadline_seconds: int | None = None,
+    placement: str | None = None,
 ) -> k8s.V1Pod:
-    """One pod for one container of a stage."""
+    """One pod for one container of a stage; `placement` says in words which nodes it needs (its
+    `trainyard.io/placement` annotation, quoted when the pod cannot be scheduled)."""
     volume = config.kubernetes.volume
     container = k8s.V1Container(
         name=spec.role,
@@ -145,12 +149,14 @@ def build_pod(
             name=name,
             namespace=config.kubernetes.namespace,
             labels=pod_labels(config, run, spec, index),
-            annotations={"trainyard/run-id": run.run_id},
+            annotations={"trainyard/run-id": run.run_id,
+                         **({PLACEMENT_ANNOTATION: placement} if placement else {})},
         ),
         spec=k8s.V1PodSpec(
             hostname=hostname,
             subdomain=subdomain,
             priority_class_name=priority_class,
+            active_deadline_seconds=active_deadline_seconds,
             tolerations=[k8s.V1Toleration(**t) for t in tolerations] if tolerations else None,
             restart_policy="Never",
             service_account_name=config.kubernetes.service_account,
@@ -191,6 +197,20 @@ def gpu_tier(config: PipelineConfig) -> GpuTier | None:
     return k8s_config.gpu_tiers.get(tier_name) if tier_name else None
 
 
+def placement_of(config: PipelineConfig, on_gpu: bool) -> str:
+    """Which nodes a replica needs, in words: `GPU tier 'newest' (nodes labelled ...)`, `CPU pool (...)`."""
+    if not on_gpu:
+        labels = config.kubernetes.node_pools.cpu
+        return f"CPU pool (nodes labelled {selector_text(labels)})" if labels else "any node"
+    tier_name = config.training.gpu_tier or config.kubernetes.tier_by_priority.get(config.training.priority)
+    what = f"GPU tier {tier_name!r}" if gpu_tier(config) is not None else "GPU pool"
+    return f"{what} (nodes labelled {selector_text(worker_node_selector(config))} with nvidia.com/gpu free)"
+
+
+def selector_text(labels: dict[str, str]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in labels.items()) or "anything"
+
+
 def worker_node_selector(config: PipelineConfig) -> dict[str, str]:
     """The GPU pool plus the GPU tier's node selector."""
     tier = gpu_tier(config)
@@ -199,7 +219,10 @@ def worker_node_selector(config: PipelineConfig) -> dict[str, str]:
 
 def build_job_pods(config: PipelineConfig, run: RunContext, specs: list[ContainerSpec], job: str) -> list[k8s.V1Pod]:
     """One pod per replica, named `<job>-<role>-<i>` with hostname/subdomain so TF_CONFIG's DNS names resolve
-    through the job's headless Service; GPU workers go to the GPU pool, chief and PS to CPU nodes."""
+    through the job's headless Service; GPU workers go to the GPU pool, chief and PS to CPU nodes.
+
+    Every replica carries `activeDeadlineSeconds` from `training.timeout_minutes`: a replica whose launcher died
+    (a lost Airflow worker, a `kill -9`) is still stopped by the kubelet then, cleanup sweep or not."""
     tier = gpu_tier(config)
     pods = []
     for spec in specs:
@@ -210,7 +233,9 @@ def build_job_pods(config: PipelineConfig, run: RunContext, specs: list[Containe
                               node_selector=worker_node_selector(config) if on_gpu else None,
                               hostname=name, subdomain=job,
                               priority_class=tier.priority_class if tier else None,  # the whole job, PS included
-                              tolerations=tier.tolerations if tier and on_gpu else None))
+                              tolerations=tier.tolerations if tier and on_gpu else None,
+                              active_deadline_seconds=config.training.timeout_minutes * 60,
+                              placement=placement_of(config, on_gpu)))
     return pods
 
 

@@ -93,7 +93,7 @@ class Stage:
     flags: Callable[[Mapping[str, Any]], tuple[str, ...]] = _no_flags  # arguments from the trigger's Params
     needs_serving: bool = False  # the serving endpoint is ensured first and passed as `--endpoint`
     bad_input_hint: str = "bad input: not retried; fix the data or config and re-run"
-    timeout: dt.timedelta | None = None
+    timeout: Callable[[PipelineConfig], dt.timedelta | None] = lambda c: None  # the task's execution_timeout
     check_command: str | None = None  # job: the sub-command of the one-pod check before any replica starts
     check_name: str | None = None
     branch_on: str | None = None  # branch: the result key that says "go on"
@@ -148,7 +148,7 @@ STAGES: tuple[Stage, ...] = (
         reads=(L.PREPARED_SCHEMA, L.PREPARED_STATS, L.PREPARED_MANIFEST),
         writes=(L.CHECKPOINTS, L.CLUSTER_LOGS, L.TENSORBOARD_TRAIN, L.SAVED_MODEL, L.MODEL_SCHEMA,
                 L.TRAINING_RECORD),
-        pool=lambda c: c.training.pool, timeout=dt.timedelta(hours=12),
+        pool=lambda c: c.training.pool, timeout=lambda c: dt.timedelta(minutes=c.training.timeout_minutes),
         check_command="check", check_name="check_model",
         bad_input_hint="bad config: not retried; fix training.model and re-run",
     ),

@@ -101,13 +101,25 @@ def role_resources(config: PipelineConfig, role: str) -> Resources:
     return {"chief": training.chief, "ps": training.ps.resources, "worker": training.workers.resources}[role]
 
 
+# gRPC channel settings for every replica (TensorFlow reads TF_GRPC_DEFAULT_OPTIONS for its own channels). A
+# replaced replica keeps its DNS name but gets a new IP: by default gRPC re-resolves a name at most every 30 s
+# and backs off reconnects up to 120 s, so on the real cluster the chief stalled ~30 s on a dead worker's old IP
+# after its replacement was already up. Re-resolve after 1 s, retry connects within 1-2 s.
+GRPC_OPTIONS = ",".join([
+    "grpc.dns_min_time_between_resolutions_ms=1000",
+    "grpc.initial_reconnect_backoff_ms=500",
+    "grpc.min_reconnect_backoff_ms=500",
+    "grpc.max_reconnect_backoff_ms=2000",
+])
+
+
 def train_containers(config: PipelineConfig, run: RunContext, stage: Stage,
                      cluster: dict[str, list[str]]) -> list[ContainerSpec]:
     """One container per replica of the training job, each with its TF_CONFIG, from the same builder."""
     base = stage_container(config, run, stage)
     specs = []
     for role, index in train_replicas(config).tasks():
-        env = {**base.env, "TF_CONFIG": tf_config(cluster, role, index)}
+        env = {**base.env, "TF_CONFIG": tf_config(cluster, role, index), "TF_GRPC_DEFAULT_OPTIONS": GRPC_OPTIONS}
         specs.append(ContainerSpec(stage=base.stage, role=role, image=base.image, command=base.command,
                                    args=base.args, env=env, resources=role_resources(config, role),
                                    labels={"trainyard/index": str(index)}))

@@ -111,6 +111,9 @@ def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path,
         "trainyard run: failed task: validate_data (attempt 1)",
         "trainyard run: error: validate failed: data validation failed: 1 problem(s) in datasets/digits",
         "trainyard run: a retry would fail the same way: fix the data or the config, then run again"], summary
+    # what ran, and for how long; the tasks that never ran (prepare, train, ...) are not listed
+    assert re.fullmatch(r"trainyard run: stage times: validate_data \d+\.\ds, teardown_train \d+\.\ds",
+                        summary[4]), summary
     log_file = Path(summary[-1].split("log: ", 1)[1])
     assert summary[-1].startswith("trainyard run: log: ") and "pixel_0: 1 value(s) of the wrong type" in \
         log_file.read_text()

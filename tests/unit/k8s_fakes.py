@@ -6,8 +6,10 @@ It answers the way a real kube-apiserver does where it matters to Trainyard (see
 - delete: 404 NotFound for a missing object; a deleted pod stays listed (terminating) for `deletion_polls` polls;
   deleting a Service garbage-collects the pods whose ownerReference points at it;
 - pod logs: None (the 204 the client turns into None) for a pod not yet placed on a node, 400 for a container that
-  has not started, text (or a stream) once it runs;
-- events by `involvedObject.name`; scripted API errors on any call (`fail`).
+  has not started; once it runs, what the pinned client (kubernetes 36.x) returns: with `_preload_content=False`
+  the raw response (`.data` bytes, `.stream()`), otherwise the *repr of the bytes* as one str (`"b'...\\n...'"`,
+  the client's bug, seen on a real v1.24 server), so code that trusts the default return cannot pass;
+- events by `involvedObject.name` (and `.uid`: a deleted namesake's events are not the new pod's); scripted API errors on any call (`fail`).
 
 Each `list_namespaced_pod` is one poll of a watch loop; a test scripts what the cluster does before each poll.
 Everything else is asserted on the mock's recorded calls (verb, namespace, body).
@@ -83,8 +85,14 @@ def result_log(payload: dict) -> str:
 
 
 class FakeStream:
+    """urllib3's HTTPResponse as `_preload_content=False` returns it: the body's bytes, whole or as a stream."""
+
     def __init__(self, text: str, drop_after: int | None = None):
         self.text, self.drop_after = text, drop_after
+
+    @property
+    def data(self) -> bytes:
+        return self.text.encode()
 
     def stream(self, amt: int | None = None, decode_content: bool = True):  # urllib3's signature
         for i, line in enumerate(self.text.splitlines(keepends=True)):
@@ -119,6 +127,8 @@ class FakeCluster:
                                 ("create_namespaced_service", self._create_service),
                                 ("read_namespaced_service", self._read_service),
                                 ("delete_namespaced_service", self._delete_service),
+                                ("list_namespaced_service", self._list_services),
+                                ("patch_namespaced_service", self._patch_service),
                                 ("list_namespaced_event", self._events)):
             getattr(self.core, method).side_effect = self._failing(method, handler)
 
@@ -190,8 +200,10 @@ class FakeCluster:
         if timestamps:
             text = "".join(f"2026-12-03T00:00:{i:02d}.123456789Z {line}"
                            for i, line in enumerate(text.splitlines(keepends=True)))
+        if not follow and _preload_content:
+            return repr(text.encode())  # kubernetes 36.x: str(bytes), escapes and all, as one line
         if not follow:
-            return text
+            return FakeStream(text)
         drop, self.drop_follow_after = self.drop_follow_after, None  # a stream drops once, then reconnects
         return FakeStream(text, drop)
 
@@ -210,6 +222,20 @@ class FakeCluster:
             raise api_exception(404, "NotFound", f'services "{name}" not found')
         return copy.deepcopy(self.services[name])
 
+    def _list_services(self, namespace: str, label_selector: str = "", **_: object) -> k8s.V1ServiceList:
+        return k8s.V1ServiceList(items=[copy.deepcopy(s) for s in self.services.values()
+                                        if selects(label_selector, s.metadata.labels or {})])
+
+    def _patch_service(self, name: str, namespace: str, body: dict, **_: object) -> k8s.V1Service:
+        """A merge patch of metadata.annotations (what the lease renewal sends); 404 for a missing Service."""
+        if name not in self.services:
+            raise api_exception(404, "NotFound", f'services "{name}" not found')
+        metadata = self.services[name].metadata
+        sent = body.get("metadata", {}).get("annotations", {}) if isinstance(body, dict) else \
+            (body.metadata.annotations if body.metadata else None) or {}
+        metadata.annotations = {**(metadata.annotations or {}), **sent}
+        return copy.deepcopy(self.services[name])
+
     def _delete_service(self, name: str, namespace: str, body: k8s.V1DeleteOptions | None = None,
                         **_: object) -> None:
         service = self.services.pop(name, None)
@@ -222,15 +248,21 @@ class FakeCluster:
 
     # -- events --------------------------------------------------------------------------------------------
     def _events(self, namespace: str, field_selector: str = "", **_: object) -> k8s.CoreV1EventList:
-        name = field_selector.split("involvedObject.name=", 1)[-1]
-        return k8s.CoreV1EventList(items=list(self.events.get(name, [])))
+        """Field selectors `involvedObject.name=N[,involvedObject.uid=U]`; an event without a uid is the pod's
+        that exists now (events of a deleted namesake carry its old uid)."""
+        fields = dict(term.split("=", 1) for term in field_selector.split(",") if term)
+        name, uid = fields.get("involvedObject.name", ""), fields.get("involvedObject.uid")
+        current = self.pods[name].metadata.uid if name in self.pods else None
+        return k8s.CoreV1EventList(items=[e for e in self.events.get(name, [])
+                                          if uid is None or (e.involved_object.uid or current) == uid])
 
-    def add_event(self, name: str, reason: str, message: str, count: int = 1) -> None:
+    def add_event(self, name: str, reason: str, message: str, count: int = 1, uid: str | None = None) -> None:
+        """An event about pod `name`; `uid` for one about an earlier pod of that name (default: the current)."""
         when = dt.datetime(2026, 12, 3, 0, 0, len(self.events.get(name, [])), tzinfo=dt.UTC)
         self.events.setdefault(name, []).append(k8s.CoreV1Event(
             metadata=k8s.V1ObjectMeta(name=f"{name}.{len(self.events.get(name, []))}"), reason=reason,
             message=message, count=count, last_timestamp=when,
-            involved_object=k8s.V1ObjectReference(kind="Pod", name=name)))
+            involved_object=k8s.V1ObjectReference(kind="Pod", name=name, uid=uid)))
 
     # -- helpers for scripts and assertions ----------------------------------------------------------------
     def set(self, name: str, phase: str, exit_code: int | None = None, waiting: str | None = None,

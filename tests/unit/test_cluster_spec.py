@@ -60,13 +60,13 @@ def test_replica_pods_carry_tf_config_gpu_and_placement(pipelines_dir: Path) -> 
     assert json.loads(env["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
     assert worker.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
     # priority low -> the "older" tier from _defaults.yaml, on the GPU pool
-    assert worker.spec.node_selector == {"trainyard.io/pool": "gpu", "nvidia.com/gpu.product": "Tesla-T4"}
+    assert worker.spec.node_selector == {"trainyard.io/gpu-pool": "true", "nvidia.com/gpu.product": "Tesla-T4"}
     assert worker.metadata.labels["trainyard/role"] == "worker" and worker.metadata.labels["trainyard/index"] == "1"
     assert worker.spec.priority_class_name == "trainyard-low"
     assert [(t.key, t.operator, t.effect) for t in worker.spec.tolerations] == [
         ("nvidia.com/gpu", "Exists", "NoSchedule")]
     ps = by_name[f"{job}-ps-0"]
-    assert ps.spec.node_selector == {"trainyard.io/pool": "cpu"}
+    assert ps.spec.node_selector == {"trainyard.io/cpu-pool": "true"}
     assert ps.spec.priority_class_name == "trainyard-low" and ps.spec.tolerations is None
     assert "nvidia.com/gpu" not in ps.spec.containers[0].resources.requests
     assert ps.spec.containers[0].command == ["python", "-m", "trainyard_trainer"]

@@ -28,6 +28,9 @@ def write(folder: Path, name: str, text: str) -> Path:
     return path
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 def errors_of(path: Path) -> list[str]:
     with pytest.raises(ConfigError) as info:
         load_pipeline_file(path)
@@ -125,6 +128,58 @@ def test_pipeline_values_override_defaults(tmp_path: Path) -> None:
     path = write(tmp_path, "p.yaml", MINIMAL.format(name="p") + "kubernetes:\n  namespace: team-b\n")
     config = load_pipeline_file(path)
     assert (config.kubernetes.namespace, config.kubernetes.service_account) == ("team-b", "runner")
+
+
+def test_a_profile_layers_between_the_defaults_and_the_pipeline(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, "_defaults.yaml", "kubernetes:\n  namespace: team-a\n  startup_timeout_seconds: 600\n")
+    write(tmp_path, "_profile-tiny.yaml", "kubernetes:\n  startup_timeout_seconds: 60\n"
+                                          "training:\n  workers: {resources: {cpu: 100m, gpu: 0}}\n")
+    path = write(tmp_path, "p.yaml", MINIMAL.format(name="p") + "training:\n  workers: {replicas: 3}\n")
+    without = load_pipeline_file(path)
+    assert (without.kubernetes.startup_timeout_seconds, without.training.workers.resources.gpu) == (600, 1)
+    monkeypatch.setenv("TRAINYARD_PROFILE", "tiny")
+    config = load_pipeline_file(path)
+    assert config.kubernetes.namespace == "team-a"  # the defaults still apply
+    assert config.kubernetes.startup_timeout_seconds == 60  # the profile over the defaults
+    assert (config.training.workers.resources.cpu, config.training.workers.resources.gpu) == ("100m", 0)
+    assert config.training.workers.replicas == 3  # the pipeline over both
+
+
+def test_an_error_in_a_profile_points_at_the_profile_and_a_missing_one_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, "_profile-tiny.yaml", "kubernetes:\n  startup_timeout_seconds: 1\n")
+    path = write(tmp_path, "p.yaml", MINIMAL.format(name="p"))
+    monkeypatch.setenv("TRAINYARD_PROFILE", "tiny")
+    (line,) = errors_of(path)
+    assert line.startswith(f"{tmp_path / '_profile-tiny.yaml'}:2:28: kubernetes.startup_timeout_seconds: "), line
+    monkeypatch.setenv("TRAINYARD_PROFILE", "huge")
+    (line,) = errors_of(path)
+    assert line == (f"{tmp_path}: TRAINYARD_PROFILE='huge' but there is no _profile-huge.yaml there "
+                    "(profiles: tiny); unset it or add the file")
+
+
+def test_the_shipped_small_profile_fits_one_two_cpu_node_without_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every example pipeline under TRAINYARD_PROFILE=small: no GPU anywhere, and a whole training job plus one
+    stage pod and the serving pod request under 2 CPUs."""
+    from trainyard.podspec import build_job_pods
+    from trainyard.registry import stage_named
+    from trainyard.stages import RunContext, train_containers, train_replicas
+    from trainyard_contract.cluster_spec import kubernetes_hosts
+
+    monkeypatch.setenv("TRAINYARD_PROFILE", "small")
+    configs, errors = check_folder(pipeline_files(REPO / "pipelines_config"))
+    assert errors == [] and configs
+    for config in configs:
+        run = RunContext(pipeline=config.name, run_id="manual__2026-12-03T00:00:00+00:00")
+        hosts = kubernetes_hosts("job", "ns", 2222, train_replicas(config))
+        pods = build_job_pods(config, run, train_containers(config, run, stage_named("train"), hosts), "job")
+        requests = [pod.spec.containers[0].resources.requests for pod in pods]
+        assert all("nvidia.com/gpu" not in r for r in requests), config.name
+        millicores = sum(int(r["cpu"].rstrip("m")) if r["cpu"].endswith("m") else int(r["cpu"]) * 1000
+                         for r in requests)
+        assert millicores + 250 + 250 <= 2000, (config.name, millicores)
+        assert all(pod.spec.node_selector == config.kubernetes.node_pools.cpu for pod in pods), config.name
 
 
 def test_schedule_must_be_cron_preset_or_null() -> None:

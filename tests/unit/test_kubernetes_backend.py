@@ -88,11 +88,11 @@ def test_a_stage_pod_runs_through_kubernetes_pod_operator(config) -> None:
     labels = body["metadata"]["labels"]
     assert labels["trainyard/pipeline"] == "digits" and labels["trainyard/stage"] == "validate"
     assert labels["trainyard/run"] and labels["dag_id"] == "digits" and labels["task_id"] == "validate_data"
-    assert body["spec"]["nodeSelector"] == {"trainyard.io/pool": "cpu"}
+    assert body["spec"]["nodeSelector"] == {"trainyard.io/cpu-pool": "true"}
     assert [c["name"] for c in body["spec"]["containers"]] == ["main"]  # no XCom sidecar, no pods/exec
     assert body["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "trainyard-data"
     name = body["metadata"]["name"]
-    assert call(name=name, namespace=NS, container="main", tail_lines=2000) in \
+    assert call(name=name, namespace=NS, container="main", tail_lines=2000, _preload_content=False) in \
         fake.core.read_namespaced_pod_log.call_args_list
     follows = [c for c in fake.core.read_namespaced_pod_log.call_args_list if c.kwargs.get("follow")]
     assert follows and follows[0].kwargs["container"] == "main"  # logs streamed into the task log

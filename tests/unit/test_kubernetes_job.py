@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
 import logging
 import threading
 from pathlib import Path
@@ -13,6 +15,7 @@ from kubernetes.client import models as k8s
 from tests.unit.k8s_fakes import FakeCluster, api_exception, result_log
 from trainyard.backends.base import StageFailed
 from trainyard.backends.kubernetes_job import DELETE_GRACE_SECONDS, KubernetesJob, selector_of
+from trainyard.backends.kubernetes_lease import LEASE, RENEWED, lease_annotations, sweep_expired_jobs
 from trainyard.config_loader import load_pipeline_file
 from trainyard.podspec import build_headless_service, build_job_pods, job_selector
 from trainyard.registry import stage_named
@@ -24,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUN = RunContext(pipeline="digits", run_id="manual__2026-12-03T00:00:00+00:00")
 LOG = logging.getLogger("test.k8s.job")
 NS = "trainyard"
+WALL = dt.datetime(2026, 12, 3, 12, 0, 0, tzinfo=dt.UTC)
 
 
 @pytest.fixture
@@ -50,7 +54,15 @@ def make_job(fake: FakeCluster, config, budget: int = 2, timeout: float = 600.0)
     clock = Clock()
     selector = job_selector(config, RUN, stage_named("train"))
     return KubernetesJob(fake.core, NS, LOG, restart_budget=budget, selector=selector,
-                         startup_timeout=timeout, poll_seconds=1.0, clock=clock, sleep=clock.sleep)
+                         startup_timeout=timeout, poll_seconds=1.0, clock=clock, sleep=clock.sleep,
+                         wall=lambda: WALL + dt.timedelta(seconds=clock()))
+
+
+def leased(service: k8s.V1Service, seconds: float = 0) -> k8s.V1Service:
+    """The Service as the job creates it: with its lease, renewed at WALL + seconds."""
+    body = copy.deepcopy(service)
+    body.metadata.annotations = lease_annotations(WALL + dt.timedelta(seconds=seconds))
+    return body
 
 
 def delete_call(name: str, grace: int = DELETE_GRACE_SECONDS):
@@ -84,7 +96,7 @@ def test_success_creates_service_then_ps_workers_then_chief_and_tears_everything
     assert result == {"steps": 300, "worker_restarts": 0}
     selector = selector_of(job_selector(config, RUN, stage_named("train")))
     assert fake.core.list_namespaced_pod.call_args_list[0] == call(namespace=NS, label_selector=selector)
-    assert fake.core.create_namespaced_service.call_args_list == [call(namespace=NS, body=service)]
+    assert fake.core.create_namespaced_service.call_args_list == [call(namespace=NS, body=leased(service))]
     assert fake.names("create_namespaced_pod") == [f"{job}-ps-0", f"{job}-worker-0", f"{job}-worker-1", chief]
     assert all(c.kwargs["namespace"] == NS for c in fake.core.create_namespaced_pod.call_args_list)
     first = fake.core.create_namespaced_pod.call_args_list[0].kwargs["body"]
@@ -121,13 +133,17 @@ def test_a_failed_worker_is_recreated_with_the_same_hostname(job_objects) -> Non
     assert delete_call(f"{worker}-r1") in deletes and gone(fake)
 
 
-def test_a_lost_parameter_server_fails_the_job_and_cleans_up(job_objects) -> None:
+def test_a_lost_parameter_server_fails_the_job_and_cleans_up(job_objects, caplog) -> None:
     config, job, pods, service = job_objects
     fake = FakeCluster()
     fake.script = [lambda f: None, FakeCluster.all_running, lambda f: f.pods.pop(f"{job}-ps-0")]  # evicted
 
-    with pytest.raises(StageFailed, match="ps-0 vanished.*parameter server cannot be replaced"):
+    with caplog.at_level(logging.INFO, logger=LOG.name), \
+            pytest.raises(StageFailed, match="ps-0 vanished.*parameter server cannot be replaced"):
         make_job(fake, config).run(pods, service)
+    # its log went with the pod: said as such, not as a container that never started (what the cluster showed)
+    assert f"--- {job}-ps-0: no log to read: the pod was deleted or evicted, its log went with it ---" in caplog.text
+    assert "never started" not in caplog.text
     assert gone(fake)
     assert delete_call(f"{job}-chief-0") in fake.core.delete_namespaced_pod.call_args_list
     assert fake.core.delete_namespaced_service.call_args_list == [service_delete_call(job)]
@@ -179,7 +195,10 @@ def test_pending_past_the_startup_timeout_names_the_reason(job_objects) -> None:
 
     fake.script = [lambda f: None, image_missing]
 
-    with pytest.raises(StageFailed, match="worker-0 still Pending after 5s: ImagePullBackOff: Back-off pulling"):
+    # the tier and the labels it needs are named (digits is a low-priority pipeline: tier 'older', T4 nodes)
+    with pytest.raises(StageFailed, match=r"worker-0 still Pending after 5s \(it needs the GPU tier 'older' \(nodes "
+                                          r"labelled trainyard.io/gpu-pool=true, nvidia.com/gpu.product=Tesla-T4 "
+                                          r"with nvidia.com/gpu free\)\): ImagePullBackOff: Back-off pulling"):
         make_job(fake, config, timeout=5).run(pods, service)
     assert gone(fake) and fake.core.delete_namespaced_service.called
 
@@ -253,22 +272,30 @@ def test_an_unschedulable_pod_times_out_with_its_reason_and_leaves_nothing(job_o
     config, job, pods, service = job_objects
     fake = FakeCluster()
     worker = f"{job}-worker-0"
+    seen_uid: list[str] = []
 
     def no_gpu_node(f: FakeCluster) -> None:
         f.all_running()
         f.set(worker, "Pending", scheduled=False)
         f.add_event(worker, "FailedScheduling", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.", count=4)
+        # the pod of that name an earlier attempt deleted: its events stay an hour, and are not this pod's
+        f.add_event(worker, "FailedScheduling", "skip schedule deleting pod: trainyard/" + worker, uid="uid-old")
+        seen_uid.append(f.pods[worker].metadata.uid)
 
     fake.script = [lambda f: None, no_gpu_node]
     with pytest.raises(StageFailed) as info:
         make_job(fake, config, timeout=5).run(pods, service)
     message = str(info.value)
-    assert f"pod {worker} still Pending after 5s: Unschedulable: 0/3 nodes are available" in message
-    assert "FailedScheduling: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu. (x4)" in message
+    assert f"pod {worker} still Pending after 5s (it needs the GPU tier 'older' " in message
+    assert "): Unschedulable: 0/3 nodes are available" in message
+    # the scheduler's event repeats the condition's message: the reason is said once
+    assert message.count("3 Insufficient nvidia.com/gpu.") == 1, message
     assert len(message.splitlines()[0]) < 400  # a few lines, never the pod object
     assert gone(fake)
+    assert "skip schedule deleting pod" not in message
+    uid = seen_uid[0]
     assert fake.core.list_namespaced_event.call_args_list == [
-        call(namespace=NS, field_selector=f"involvedObject.name={worker}")]
+        call(namespace=NS, field_selector=f"involvedObject.name={worker},involvedObject.uid={uid}")]
 
 
 def test_cleanup_attempts_every_delete_and_retries_what_failed(job_objects) -> None:
@@ -350,3 +377,54 @@ def test_a_dropped_chief_log_stream_resumes_without_repeating_lines(job_objects,
     assert chief_lines.count("[chief] step 100 loss 0.5") == 1
     follows = [c for c in fake.core.read_namespaced_pod_log.call_args_list if c.kwargs.get("follow")]
     assert len(follows) == 2 and "since_seconds" in follows[1].kwargs and follows[0].kwargs["timestamps"] is True
+
+
+def test_a_running_job_renews_its_lease_and_a_sweep_leaves_it_alone(job_objects) -> None:
+    """A job watched for 35 s renews its Service's lease every 10 s; a sweep at that moment finds it current."""
+    config, job, pods, service = job_objects
+    fake = FakeCluster()
+    chief = f"{job}-chief-0"
+    seen: list[str] = []
+
+    def sweep(f: FakeCluster) -> None:
+        seen.extend(sweep_expired_jobs(f.core, NS, LOG, now=lambda: WALL + dt.timedelta(seconds=85)))
+
+    fake.script = [lambda f: None, lambda f: None, FakeCluster.all_running, *[lambda f: None] * 33, sweep,
+                   lambda f: chief_succeeds(f, chief, {"steps": 300})]
+    make_job(fake, config).run(pods, service)
+
+    renewals = [c.kwargs["body"]["metadata"]["annotations"][RENEWED]
+                for c in fake.core.patch_namespaced_service.call_args_list]
+    assert renewals == [(WALL + dt.timedelta(seconds=s)).isoformat(timespec="seconds") for s in (10, 20, 30)]
+    assert seen == []  # renewed at +30 s, a 60 s lease: current at +85 s (unrenewed, it expired at +60 s)
+    assert gone(fake)
+
+
+def test_a_sweep_deletes_only_jobs_whose_lease_expired(job_objects) -> None:
+    """Three Services: an abandoned job (renewed 61 s ago), a live one (renewed now) and the serving Service
+    (no lease). Only the first goes, with its pods; the others and their pods stay."""
+    config, job, pods, service = job_objects
+    fake = FakeCluster()
+    abandoned = leased(service)
+    fake._create_service(NS, abandoned)
+    for pod in pods:
+        fake._create(NS, pod)
+    live = leased(service, seconds=61)
+    live.metadata.name = "churn-live-job"
+    live.spec.selector = {**service.spec.selector, "trainyard/pipeline": "churn"}
+    fake._create_service(NS, live)
+    other = copy.deepcopy(pods[0])
+    other.metadata.name, other.metadata.labels = "churn-live-job-ps-0", {**pods[0].metadata.labels,
+                                                                         "trainyard/pipeline": "churn"}
+    fake._create(NS, other)
+    serving = k8s.V1Service(metadata=k8s.V1ObjectMeta(name="digits-serving", labels={
+        "app.kubernetes.io/managed-by": "trainyard"}), spec=k8s.V1ServiceSpec(selector={"app": "x"}))
+    fake._create_service(NS, serving)
+
+    swept = sweep_expired_jobs(fake.core, NS, LOG, now=lambda: WALL + dt.timedelta(seconds=61))
+
+    assert swept == [job]
+    assert sorted(fake.services) == ["churn-live-job", "digits-serving"]
+    assert fake.undeleted() == ["churn-live-job-ps-0"]
+    assert sweep_expired_jobs(fake.core, NS, LOG, now=lambda: WALL + dt.timedelta(seconds=61), dry_run=True) == []
+    assert fake.services["churn-live-job"].metadata.annotations[LEASE] == "60"

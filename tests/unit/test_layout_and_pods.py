@@ -34,7 +34,7 @@ def test_stage_pod_is_restricted_and_carries_identity(pipelines_dir: Path) -> No
     assert meta.labels["trainyard/pipeline"] == "digits"
     assert meta.labels["trainyard/stage"] == "validate"
     assert meta.labels["trainyard/run"] == run_key(RUN.run_id)
-    assert spec.restart_policy == "Never" and spec.node_selector == {"trainyard.io/pool": "cpu"}
+    assert spec.restart_policy == "Never" and spec.node_selector == {"trainyard.io/cpu-pool": "true"}
     (container,) = spec.containers
     assert container.image == "trainyard/prep:0.1.0"
     assert container.command == ["python", "-m", "trainyard_prep"]

@@ -82,7 +82,7 @@ def test_mapped_data_stages_render_one_pod_per_file_group(pipelines_dir: Path) -
         index = manifest["metadata"]["labels"].get("trainyard/index")
         assert args[0] == manifest["metadata"]["labels"]["trainyard/stage"]
         assert (args[-2:] == ["--group", index]) if index is not None else "--group" not in args
-        assert manifest["spec"]["nodeSelector"] == {"trainyard.io/pool": "cpu"}  # every group is a CPU pod
+        assert manifest["spec"]["nodeSelector"] == {"trainyard.io/cpu-pool": "true"}  # every group is a CPU pod
         assert manifest["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "trainyard-data"
     names = [m["metadata"]["name"] for m in prep]
     assert len(set(names)) == len(names) and "-validate-g2-" in names[3]

@@ -12,7 +12,9 @@ import argparse
 import logging
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import NoReturn
 
 from trainyard_contract import layout
 from trainyard_contract.runtime import (
@@ -45,14 +47,14 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-def serve_forever(task) -> int:  # noqa: ANN001 - TaskConfig, imported lazily with TensorFlow
+def serve_forever(task) -> NoReturn:  # noqa: ANN001 - TaskConfig, imported lazily with TensorFlow
     import tensorflow as tf
 
     server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.role, task_index=task.index,
                                   protocol="grpc", start=True)
     log.info("%s %d serving on %s; it runs until the job stops it", task.role, task.index, server.target)
-    server.join()
-    return 0
+    while True:  # not server.join(): a blocking C call would hold off the SIGTERM handler (runtime.exit_on_sigterm)
+        time.sleep(3600)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from trainyard.backends.base import StageFailed
 from trainyard.backends.kubernetes_api import api_error, pending_reason, recent_events
 from trainyard.backends.kubernetes_job import KubernetesJob, selector_of
+from trainyard.backends.kubernetes_lease import sweep_expired_jobs
 from trainyard.backends.kubernetes_serving import apply_serving_objects
 from trainyard.backends.kubernetes_stage import build_pod_operator
 from trainyard_contract.cluster_spec import Replicas, kubernetes_hosts
@@ -91,8 +92,10 @@ class KubernetesLauncher:
         name = created_name(operator, pod)
         launch = launch_failure(exc)
         if launch is not None:
-            events = recent_events(self.core, self.namespace, name, logging.getLogger("trainyard.kubernetes"))
-            reason = pending_reason(getattr(operator, "remote_pod", None), events)
+            remote = getattr(operator, "remote_pod", None)
+            uid = remote.metadata.uid if remote is not None and remote.metadata is not None else None
+            events = recent_events(self.core, self.namespace, name, logging.getLogger("trainyard.kubernetes"), uid=uid)
+            reason = pending_reason(remote, events)
             if isinstance(launch, PodLaunchTimeoutException):
                 timeout = self.config.kubernetes.startup_timeout_seconds
                 return f"pod {name} did not start within the startup timeout of {timeout}s: {reason}"
@@ -123,6 +126,7 @@ class KubernetesLauncher:
                             poll_seconds=self.poll_seconds)
         with self._lock:
             self._job = job
+        self.sweep_expired(log)  # jobs whose launcher died: they hold the quota this one needs
         try:
             return job.run(pods, service)
         finally:
@@ -137,7 +141,17 @@ class KubernetesLauncher:
                              body=k8s.V1DeleteOptions(grace_period_seconds=0, propagation_policy="Background"))
         self._ignore_404(self.core.delete_namespaced_service, name=service, namespace=self.namespace)
         log.info("teardown: deleted %d leftover pod(s) and Service %s (if present)", len(pods), service)
+        self.sweep_expired(log)
         return len(pods)
+
+    def sweep_expired(self, log: logging.Logger, dry_run: bool = False) -> list[str]:
+        """Delete the training jobs in this namespace whose launcher died (their lease expired); never fails the
+        caller: an API error is logged and the next sweep tries again."""
+        try:
+            return sweep_expired_jobs(self.core, self.namespace, log, dry_run=dry_run)
+        except ApiException as exc:
+            log.warning("could not look for abandoned training jobs in %s: %s", self.namespace, api_error(exc))
+            return []
 
     @staticmethod
     def _ignore_404(call: Any, **kwargs: Any) -> None:

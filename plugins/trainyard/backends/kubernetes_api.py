@@ -14,6 +14,7 @@ import datetime as dt
 import functools
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -62,26 +63,37 @@ def with_retries(call: Callable[[], Any], what: str, log: logging.Logger, *, ret
 
 
 def as_lines(body: object) -> list[str]:
-    """A log body as lines, whatever the client returned: None (204), bytes, or text."""
+    """A log body as lines, whatever the client returned: None (204), an unread HTTP response, bytes, or text."""
     if body is None:
         return []
-    if isinstance(body, bytes):
-        body = body.decode(errors="replace")
-    return str(body).splitlines()
+    data = getattr(body, "data", body)  # `_preload_content=False`: the urllib3 response; its bytes, as sent
+    if isinstance(data, bytes):
+        data = data.decode(errors="replace")
+    return str(data).splitlines()
+
+
+def read_raw_log(core: Any, **kwargs: Any) -> list[str]:
+    """`read_namespaced_pod_log` as the server sent it, one line per line.
+
+    The pinned client (kubernetes 36.x) deserialises a log as a `str` type and hands back the *repr of the bytes*
+    (`"b'line\\nline'"`: one line, escapes and all), so a result line can never be parsed from it. Asking for the
+    raw response (`_preload_content=False`) and decoding its bytes ourselves is right for every client version.
+    """
+    return as_lines(core.read_namespaced_pod_log(_preload_content=False, **kwargs))
 
 
 def read_log_lines(core: CoreV1Api, name: str, namespace: str, container: str, log: logging.Logger, *,
                    tail_lines: int | None = None, sleep: Callable[[float], None] = time.sleep) -> list[str]:
     """A container's log lines; [] when there is none yet (204, 400, 404). Transient errors are retried, then
     raise ApiUnavailable."""
-    def read() -> object:
+    def read() -> list[str]:
         kwargs: dict[str, Any] = {"name": name, "namespace": namespace, "container": container}
         if tail_lines is not None:
             kwargs["tail_lines"] = tail_lines
-        return core.read_namespaced_pod_log(**kwargs)
+        return read_raw_log(core, **kwargs)
 
     try:
-        return as_lines(with_retries(read, f"reading the log of {name}", log, sleep=sleep))
+        return with_retries(read, f"reading the log of {name}", log, sleep=sleep)
     except ApiException as exc:
         if exc.status in NOT_READY_STATUSES:
             return []
@@ -153,11 +165,13 @@ def follow_log(core: CoreV1Api, name: str, namespace: str, container: str, on_li
 
 
 def recent_events(core: CoreV1Api, namespace: str, name: str, log: logging.Logger,
-                  limit: int = EVENT_LINES) -> list[str]:
+                  limit: int = EVENT_LINES, uid: str | None = None) -> list[str]:
     """The last few events about object `name` (`FailedScheduling: 0/3 nodes are available: ...`); [] when they
-    cannot be read (the events are a hint, never the reason a task fails)."""
+    cannot be read (the events are a hint, never the reason a task fails). With `uid`, only this object's: a pod
+    deleted earlier under the same name (a retry reuses replica names) left events of its own for an hour."""
+    selector = f"involvedObject.name={name}" + (f",involvedObject.uid={uid}" if uid else "")
     try:
-        events = core.list_namespaced_event(namespace=namespace, field_selector=f"involvedObject.name={name}").items
+        events = core.list_namespaced_event(namespace=namespace, field_selector=selector).items
     except ApiException as exc:
         log.warning("could not read the events of %s: %s", name, api_error(exc))
         return []
@@ -185,7 +199,10 @@ def pending_reason(pod: k8s.V1Pod | None, events: Iterable[str] = ()) -> str:
     for condition in (status.conditions or []) if status else []:
         if condition.status == "False" and condition.reason:
             reasons.append(f"{condition.reason}: {condition.message or ''}".rstrip(": "))
+    said = {reason.partition(": ")[2] for reason in reasons}
     for event in events:
-        if event not in reasons:
+        message = re.sub(r" \(x\d+\)$", "", event.partition(": ")[2])
+        if event not in reasons and message not in said:  # the scheduler's event repeats the condition's message
             reasons.append(event)
+            said.add(message)
     return "; ".join(reasons) if reasons else "waiting to be scheduled (no events yet)"

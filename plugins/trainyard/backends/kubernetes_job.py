@@ -10,12 +10,17 @@ garbage collector removes the pods once the Service is gone, even when the Airfl
 job ends (success, failure, timeout, exception, on_kill) `cleanup()` reads each replica's log tail, then attempts
 every delete whatever an earlier step raised; it never raises over the job's own error, and a second call retries
 only what failed. What still cannot be deleted is left to the `teardown_train` task's label sweep.
+
+A job whose task dies without any of that (SIGKILL, a lost worker) stops renewing its lease on the Service
+(kubernetes_lease.py); the next job, any `teardown_train` or `trainyard cleanup` then deletes it, and the replicas'
+`activeDeadlineSeconds` bounds it when nothing runs at all.
 """
 
 from __future__ import annotations
 
 import collections
 import copy
+import datetime as dt
 import logging
 import threading
 import time
@@ -36,7 +41,9 @@ from trainyard.backends.kubernetes_api import (
     recent_events,
     with_retries,
 )
+from trainyard.backends.kubernetes_lease import RENEW_SECONDS, lease_annotations, renew, utcnow
 from trainyard.native_noise import is_native_noise
+from trainyard.podspec import PLACEMENT_ANNOTATION
 from trainyard_contract.replica_policy import Action, on_replica_exit
 from trainyard_contract.runtime import result_from_log
 
@@ -84,11 +91,13 @@ class KubernetesJob:
 
     def __init__(self, core: CoreV1Api, namespace: str, log: logging.Logger, *, restart_budget: int,
                  selector: dict[str, str], startup_timeout: float = 600.0, poll_seconds: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 wall: Callable[[], dt.datetime] = utcnow):
         self.core, self.namespace, self.log = core, namespace, log
         self.restart_budget, self.selector = restart_budget, selector_of(selector)
         self.startup_timeout, self.poll_seconds = startup_timeout, poll_seconds
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep, self.wall = clock, sleep, wall
+        self._renewed_at = clock()
         self.restarts = 0
         self._created: dict[str, k8s.V1Pod] = {}  # every pod this job created, by name
         self._created_at: dict[str, float] = {}
@@ -128,6 +137,8 @@ class KubernetesJob:
         """Create the headless Service first (the replicas' owner); reuse the one an earlier attempt left."""
         name = service.metadata.name
         self._service = name
+        service = copy.deepcopy(service)
+        service.metadata.annotations = {**(service.metadata.annotations or {}), **lease_annotations(self.wall())}
         try:
             created = self._call(f"creating Service {name}", lambda: self.core.create_namespaced_service(
                 namespace=self.namespace, body=service))
@@ -138,7 +149,19 @@ class KubernetesJob:
             created = self._call(f"reading Service {name}", lambda: self.core.read_namespaced_service(
                 name=name, namespace=self.namespace))
             self.log.info("reusing headless Service %s/%s", self.namespace, name)
+            self._renew_lease(force=True)
         return created
+
+    def _renew_lease(self, force: bool = False) -> None:
+        """Tell sweepers this job still has its launcher; a failed renewal is logged, never fatal (the lease is
+        six renewals long)."""
+        if self._service is None or (not force and self.clock() - self._renewed_at < RENEW_SECONDS):
+            return
+        self._renewed_at = self.clock()
+        try:
+            renew(self.core, self.namespace, self._service, self.wall())
+        except ApiException as exc:
+            self.log.warning("could not renew the lease on Service %s: %s", self._service, api_error(exc))
 
     def _list(self) -> list[k8s.V1Pod]:
         return self._call("listing the job's pods", lambda: self.core.list_namespaced_pod(
@@ -182,6 +205,7 @@ class KubernetesJob:
             live = {pod.metadata.name: pod for pod in self._list()}
             if self._killed.is_set():  # killed during the poll: the pods are gone because we deleted them
                 raise StageFailed(STOPPED)
+            self._renew_lease()
             for name, spec in list(replicas.items()):
                 pod = live.get(name)
                 phase = pod.status.phase if pod is not None and pod.status else None
@@ -202,9 +226,12 @@ class KubernetesJob:
                     replicas[fresh.metadata.name] = fresh
                 waited = self.clock() - self._created_at.get(name, self.clock())
                 if phase in (None, "Pending") and pod is not None and waited > self.startup_timeout:
-                    events = recent_events(self.core, self.namespace, name, self.log)
+                    events = recent_events(self.core, self.namespace, name, self.log, uid=pod.metadata.uid)
+                    needs = (spec.metadata.annotations or {}).get(PLACEMENT_ANNOTATION)
+                    needs = f" (it needs the {needs})" if needs else ""
                     raise StageFailed(self._failure(
-                        f"pod {name} still Pending after {self.startup_timeout:.0f}s: {pending_reason(pod, events)}"))
+                        f"pod {name} still Pending after {self.startup_timeout:.0f}s{needs}: "
+                        f"{pending_reason(pod, events)}"))
             self.sleep(self.poll_seconds)
 
     def _replace_or_fail(self, name: str, spec: k8s.V1Pod, pod: k8s.V1Pod | None) -> k8s.V1Pod:
@@ -213,10 +240,11 @@ class KubernetesJob:
         code = exit_code_of(pod) if pod is not None else None
         verdict = on_replica_exit(role_of(spec), code, self.restarts, self.restart_budget)
         if verdict.action is not Action.RESTART:
+            self._log_tail(name, gone=pod is None)  # what the lost replica said, before the job fails over it
             raise StageFailed(self._failure(f"{name} {verdict.reason}"), code if code is not None else 1)
         self.restarts += 1
         self.log.warning("%s %s", name, verdict.reason)
-        self._log_tail(name)
+        self._log_tail(name, gone=pod is None)
         if self._delete_pod(name):
             self._deleted.add(name)
         fresh = replacement(spec, self.restarts)
@@ -253,8 +281,9 @@ class KubernetesJob:
         self.log.info("training job finished; worker restarts: %d", self.restarts)
         return self._result
 
-    def _log_tail(self, name: str) -> list[str]:
-        """The last lines of a replica's log into the task log; [] (and a warning) when they cannot be read."""
+    def _log_tail(self, name: str, gone: bool = False) -> list[str]:
+        """The last lines of a replica's log into the task log; [] (and a warning) when they cannot be read.
+        `gone`: the pod vanished (deleted, evicted), so an empty log says that, not that it never started."""
         role = role_of(self._created[name]) if name in self._created else "main"
         try:
             lines = read_log_lines(self.core, name, self.namespace, role, self.log, tail_lines=TAIL_LINES,
@@ -267,6 +296,8 @@ class KubernetesJob:
         lines = [line for line in lines if not is_native_noise(line)]
         if lines:
             self.log.info("--- %s (last %d lines) ---\n%s", name, len(lines), "\n".join(lines))
+        elif gone:
+            self.log.info("--- %s: no log to read: the pod was deleted or evicted, its log went with it ---", name)
         else:
             self.log.info("--- %s: no log (the container never started) ---", name)
         return lines

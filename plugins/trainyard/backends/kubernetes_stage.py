@@ -17,6 +17,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 from kubernetes.client import models as k8s
 
+from trainyard.backends.kubernetes_api import read_raw_log
 from trainyard.native_noise import is_native_noise
 from trainyard_contract.runtime import result_from_log
 from trainyard_contract.schema import PipelineConfig
@@ -32,9 +33,9 @@ class StageResult(KubernetesPodOperatorCallback):
     def on_pod_completion(*, pod: k8s.V1Pod, client: Any, operator: Any, **kwargs: Any) -> None:
         if pod is None:
             return
-        text = client.read_namespaced_pod_log(name=pod.metadata.name, namespace=pod.metadata.namespace,
-                                              container=operator.base_container_name, tail_lines=RESULT_LOG_LINES)
-        operator.stage_result = result_from_log(text.splitlines())
+        lines = read_raw_log(client, name=pod.metadata.name, namespace=pod.metadata.namespace,
+                             container=operator.base_container_name, tail_lines=RESULT_LOG_LINES)
+        operator.stage_result = result_from_log(lines)
         for status in (pod.status.container_statuses or []) if pod.status else []:
             if status.name == operator.base_container_name and status.state and status.state.terminated:
                 operator.stage_exit_code = status.state.terminated.exit_code
