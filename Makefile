@@ -7,7 +7,7 @@ export TRAINYARD_DATA_DIR ?= $(ROOT)/data
 export PATH := $(VENV)/bin:$(PATH)
 PIPELINE ?= digits
 
-.PHONY: bootstrap demo data serve stop test test-services unit integration cluster-test lint check ui bench clean
+.PHONY: bootstrap demo data serve stop test test-services unit integration cluster-test images lint check ui bench clean
 
 bootstrap:
 	@VENV=$(VENV) scripts/bootstrap.sh
@@ -47,9 +47,14 @@ unit: bootstrap
 integration: bootstrap test-services
 	python -m pytest tests/integration
 
-# the example pipeline on a real cluster: TRAINYARD_KUBE_TEST=1 KUBECONFIG=~/.kube/config make cluster-test
+# the cluster suite (README "Run on your cluster"): KUBECONFIG=<an admin's kubeconfig> make cluster-test
 cluster-test: bootstrap
-	python -m pytest tests/cluster
+	@[ -n "$${KUBECONFIG:-}" ] || { echo "cluster-test: set KUBECONFIG to an admin kubeconfig of the cluster" >&2; exit 2; }
+	TRAINYARD_KUBE_TEST=1 python -m pytest -rs tests/cluster
+
+# the stage images, with docker, podman or buildah (whichever is installed): make images [PUSH=registry.example.com/ml]
+images:
+	@scripts/build-images.sh
 
 ui: bootstrap
 	trainyard pools

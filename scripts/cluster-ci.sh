@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The cluster suite as CI runs it, on the real single-node Kubernetes in ../shared/cluster (see its README):
+# clear what an earlier run left, bring the cluster up, build and load the project's images, prepare the node,
+# apply k8s/, run `make cluster-test`, and tear the cluster down whatever happens. A harness step that fails is
+# a failure with the tail of its log (full logs in $LOGS), never a skip.
+#   scripts/cluster-ci.sh [HARNESS_DIR]     (default: ../shared/cluster beside the checkout)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+HARNESS=$(cd "${1:-$ROOT/../shared/cluster}" && pwd)
+LOGS=${TRAINYARD_CLUSTER_LOGS:-$ROOT/.cluster-ci}
+mkdir -p "$LOGS"
+started=$SECONDS
+
+step() { # name command...: run one harness step into its own log; on failure show the log's tail
+  local name=$1 t0=$SECONDS
+  shift
+  echo "cluster-ci: $name ..."
+  if ! "$@" > "$LOGS/$name.log" 2>&1; then
+    echo "cluster-ci: $name FAILED after $((SECONDS - t0))s; the end of $LOGS/$name.log:" >&2
+    tail -n 60 "$LOGS/$name.log" >&2
+    return 1
+  fi
+  echo "cluster-ci: $name ok ($((SECONDS - t0))s)"
+}
+
+teardown() {
+  local code=$?
+  step down "$HARNESS/down.sh" --wipe || code=1
+  echo "cluster-ci: finished with exit $code after $((SECONDS - started))s"
+  exit $code
+}
+
+# what an earlier run (or a cluster started by hand) may have left; harmless when nothing is up
+"$HARNESS/down.sh" --wipe > "$LOGS/down-before.log" 2>&1 || true
+trap teardown EXIT
+step up "$HARNESS/up.sh"
+step images-bases "$HARNESS/images.sh" bases
+step images-project "$HARNESS/images.sh" project "$ROOT"
+step images-tfserving "$HARNESS/images.sh" tfserving
+step setup "$HARNESS/setup.sh" "$ROOT"
+# shellcheck disable=SC1091
+source "$HARNESS/env.sh"   # KUBECONFIG (admin), kubectl on PATH
+step apply kubectl apply -f "$ROOT/k8s/"
+t0=$SECONDS
+TRAINYARD_KUBE_TEST=1 make -C "$ROOT" cluster-test
+echo "cluster-ci: cluster-test ok ($((SECONDS - t0))s)"
