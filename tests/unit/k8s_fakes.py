@@ -9,7 +9,8 @@ It answers the way a real kube-apiserver does where it matters to Trainyard (see
   has not started; once it runs, what the pinned client (kubernetes 36.x) returns: with `_preload_content=False`
   the raw response (`.data` bytes, `.stream()`), otherwise the *repr of the bytes* as one str (`"b'...\\n...'"`,
   the client's bug, seen on a real v1.24 server), so code that trusts the default return cannot pass;
-- events by `involvedObject.name` (and `.uid`: a deleted namesake's events are not the new pod's); scripted API errors on any call (`fail`).
+- events by `involvedObject.name` (and `.uid`: a deleted namesake's events are not the new pod's);
+- scripted API errors on any call (`fail`).
 
 Each `list_namespaced_pod` is one poll of a watch loop; a test scripts what the cluster does before each poll.
 Everything else is asserted on the mock's recorded calls (verb, namespace, body).
