@@ -50,7 +50,7 @@ integration: bootstrap test-services
 # the cluster suite (README "Run on your cluster"): KUBECONFIG=<an admin's kubeconfig> make cluster-test
 cluster-test: bootstrap
 	@[ -n "$${KUBECONFIG:-}" ] || { echo "cluster-test: set KUBECONFIG to an admin kubeconfig of the cluster" >&2; exit 2; }
-	TRAINYARD_KUBE_TEST=1 python -m pytest -rs tests/cluster
+	TRAINYARD_KUBE_TEST=1 python -m pytest -rs -s tests/cluster  # -s: the figures each test prints
 
 # the stage images, with docker, podman or buildah (whichever is installed): make images [PUSH=registry.example.com/ml]
 images:

@@ -7,8 +7,9 @@ pods (the pods also carry an ownerReference to the Service, so the garbage colle
 dies half-way began). It runs before every new job, in every `teardown_train` task and as `trainyard cleanup`,
 which an operator can schedule; the replicas' `activeDeadlineSeconds` is the bound when nothing runs at all.
 
-Only the API server's clock and ours are compared, through the renewal time written by us: a launcher whose clock
-is far off would see other jobs' leases expire early, so the lease is long (60 s) against the renewal (10 s).
+Two clocks meet here: the renewing launcher's (the time it writes) and the sweeper's (the time it compares with).
+A sweeper whose clock runs far ahead would see live jobs' leases expire early, so the lease is long (60 s) against
+the renewal (10 s): clocks within ~50 s of each other never misjudge a live job.
 """
 
 from __future__ import annotations
