@@ -21,7 +21,7 @@ from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
 from trainyard.backends.base import StageFailed
-from trainyard.backends.kubernetes_api import api_error, pending_reason, recent_events
+from trainyard.backends.kubernetes_api import api_error, ignore_not_found, pending_reason, recent_events
 from trainyard.backends.kubernetes_job import KubernetesJob, selector_of
 from trainyard.backends.kubernetes_lease import sweep_expired_jobs
 from trainyard.backends.kubernetes_serving import apply_serving_objects
@@ -137,9 +137,9 @@ class KubernetesLauncher:
         """The teardown task's sweep: delete any replica pod and the Service a lost task left behind."""
         pods = self.core.list_namespaced_pod(namespace=self.namespace, label_selector=selector_of(selector)).items
         for pod in pods:
-            self._ignore_404(self.core.delete_namespaced_pod, name=pod.metadata.name, namespace=self.namespace,
+            ignore_not_found(self.core.delete_namespaced_pod, name=pod.metadata.name, namespace=self.namespace,
                              body=k8s.V1DeleteOptions(grace_period_seconds=0, propagation_policy="Background"))
-        self._ignore_404(self.core.delete_namespaced_service, name=service, namespace=self.namespace)
+        ignore_not_found(self.core.delete_namespaced_service, name=service, namespace=self.namespace)
         log.info("teardown: deleted %d leftover pod(s) and Service %s (if present)", len(pods), service)
         self.sweep_expired(log)
         return len(pods)
@@ -152,14 +152,6 @@ class KubernetesLauncher:
         except ApiException as exc:
             log.warning("could not look for abandoned training jobs in %s: %s", self.namespace, api_error(exc))
             return []
-
-    @staticmethod
-    def _ignore_404(call: Any, **kwargs: Any) -> None:
-        try:
-            call(**kwargs)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
 
     def kill(self) -> None:
         with self._lock:

@@ -62,6 +62,15 @@ def with_retries(call: Callable[[], Any], what: str, log: logging.Logger, *, ret
     raise AssertionError("unreachable")
 
 
+def ignore_not_found(call: Callable[..., object], **kwargs: object) -> None:
+    """`call(**kwargs)` where a 404 means done already (a delete of what is gone); any other error is raised."""
+    try:
+        call(**kwargs)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 def as_lines(body: object) -> list[str]:
     """A log body as lines, whatever the client returned: None (204), an unread HTTP response, bytes, or text."""
     if body is None:

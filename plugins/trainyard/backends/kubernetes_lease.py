@@ -22,7 +22,7 @@ from kubernetes.client import CoreV1Api
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from trainyard.backends.kubernetes_api import api_error
+from trainyard.backends.kubernetes_api import api_error, ignore_not_found
 
 RENEWED = "trainyard.io/lease-renewed"
 LEASE = "trainyard.io/lease-seconds"
@@ -83,18 +83,10 @@ def sweep_expired_jobs(core: CoreV1Api, namespace: str, log: logging.Logger, *,
         try:
             if selector:  # never an empty selector: that would be every pod in the namespace
                 for pod in core.list_namespaced_pod(namespace=namespace, label_selector=selector).items:
-                    _ignore_gone(core.delete_namespaced_pod, name=pod.metadata.name, namespace=namespace,
+                    ignore_not_found(core.delete_namespaced_pod, name=pod.metadata.name, namespace=namespace,
                                  body=k8s.V1DeleteOptions(grace_period_seconds=0, propagation_policy="Background"))
-            _ignore_gone(core.delete_namespaced_service, name=name, namespace=namespace,
+            ignore_not_found(core.delete_namespaced_service, name=name, namespace=namespace,
                          body=k8s.V1DeleteOptions(propagation_policy="Background"))
         except ApiException as exc:
             log.error("cleanup: could not delete job %s/%s: %s", namespace, name, api_error(exc))
     return swept
-
-
-def _ignore_gone(call: Callable[..., object], **kwargs: object) -> None:
-    try:
-        call(**kwargs)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
