@@ -27,7 +27,8 @@ class MetricSpec:
 
 _SPECS = [
     MetricSpec("accuracy", CLASSIFICATION, True, 0.0, 1.0, "share of eval examples whose top class is right"),
-    MetricSpec("loss", CLASSIFICATION, False, 0.0, math.inf, "log loss (cross-entropy of the true class)"),
+    MetricSpec("loss", CLASSIFICATION, False, 0.0, math.inf,
+               "the training loss: the model module's loss(), else cross-entropy of the true class from the logits"),
     MetricSpec("auc", CLASSIFICATION, True, 0.0, 1.0,
                "ROC AUC; binary: of the positive (second listed) class; multiclass: macro one-vs-rest average"),
     MetricSpec("precision", CLASSIFICATION, True, 0.0, 1.0, "macro average over the classes"),
@@ -37,7 +38,8 @@ _SPECS = [
     MetricSpec("rmse", REGRESSION, False, 0.0, math.inf, "root mean squared error (label units)"),
     MetricSpec("mae", REGRESSION, False, 0.0, math.inf, "mean absolute error (label units)"),
     MetricSpec("r2", REGRESSION, True, -math.inf, 1.0, "coefficient of determination (1 is perfect)"),
-    MetricSpec("loss", REGRESSION, False, 0.0, math.inf, "mean squared error, the default training loss"),
+    MetricSpec("loss", REGRESSION, False, 0.0, math.inf,
+               "the training loss: the model module's loss() (Huber, say), else mean squared error"),
 ]
 
 METRICS: dict[str, dict[str, MetricSpec]] = {

@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import errno
 import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,9 +23,14 @@ log = logging.getLogger("trainyard")
 T = TypeVar("T")
 _END = object()
 
-# Exit codes of every stage entrypoint; the operators do not retry 2 and 3 (a retry would fail the same way).
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_INPUT = 0, 1, 2, 3
-NON_RETRYABLE_EXIT_CODES = frozenset({EXIT_USAGE, EXIT_BAD_INPUT})
+# Exit codes of every stage entrypoint; the operators do not retry 2, 3 and 4 (a retry would fail the same way).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_INPUT, EXIT_ENVIRONMENT = 0, 1, 2, 3, 4
+NON_RETRYABLE_EXIT_CODES = frozenset({EXIT_USAGE, EXIT_BAD_INPUT, EXIT_ENVIRONMENT})
+EXIT_MEANINGS = {
+    EXIT_USAGE: "a usage error (the stage was started with bad arguments)",
+    EXIT_BAD_INPUT: "bad input: the data, the config or the model code",
+    EXIT_ENVIRONMENT: "the volume is full or not writable: free space or fix its permissions",
+}
 
 # The pod environment a stage is started with (built on the Airflow side by trainyard.stages).
 CONFIG_ENV = "TRAINYARD_CONFIG_JSON"  # the run's config, with the trigger's Param overrides applied
@@ -40,6 +46,105 @@ def is_retryable_exit(code: int | None) -> bool:
 
 class StageError(Exception):
     """A problem with the stage's input (data, config) that the user must fix; printed without a stack trace."""
+
+
+# errno values that no retry fixes: someone must free space or fix permissions first
+ENVIRONMENT_ERRNOS = {errno.ENOSPC: "out of space", errno.EDQUOT: "out of disk quota",
+                      errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+                      errno.EROFS: "read-only file system"}
+# the same conditions as TensorFlow's C++ file system (and other libraries) word them in an exception's text
+ENVIRONMENT_TEXTS = {"No space left on device": "out of space", "Disk quota exceeded": "out of disk quota",
+                     "Permission denied": "permission denied", "Read-only file system": "read-only file system"}
+
+
+def environment_problem(exc: BaseException) -> str | None:
+    """'out of space', 'permission denied', ... when `exc` (or what it was raised from) says the volume cannot be
+    written; None for anything else."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in ENVIRONMENT_ERRNOS:
+            return ENVIRONMENT_ERRNOS[current.errno]
+        text = str(current)
+        for words, name in ENVIRONMENT_TEXTS.items():
+            if words in text:
+                return name
+        current = current.__cause__ or current.__context__
+    return None
+
+
+ERROR_MARKER = "::trainyard-error::"
+
+
+def report_error(message: str, code: int = EXIT_BAD_INPUT) -> int:
+    """Log a stage's failure in its own words and print it once more as the stage's last line, behind a marker
+    the launchers look for: the run's failure summary then quotes this line, however long the output before it.
+    Returns `code`, for `return report_error(...)`."""
+    log.error("%s", message)
+    print(f"{ERROR_MARKER}{json.dumps(message[:4000])}", flush=True)  # JSON: one line, newlines kept
+    return code
+
+
+def run_stage(main: Callable[[], int]) -> int:
+    """Run a stage entrypoint's `main` so that every way it fails ends with its cause on the marker line: an
+    exception nothing caught is logged with its traceback and reported by its exception line; a volume that is
+    full or not writable exits EXIT_ENVIRONMENT (not retried: a retry would meet the same full disk)."""
+    try:
+        return main()
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the last resort: say what happened, then exit non-zero
+        log.exception("the stage failed")
+        problem = environment_problem(exc)
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if problem is not None:
+            return report_error(f"{problem}: {text}", EXIT_ENVIRONMENT)
+        return report_error(text, EXIT_FAILED)
+
+
+class CauseTracker:
+    """Finds a failed stage's cause in its output as the lines go by, keeping only what it needs: the last
+    error marker (`report_error`), else the exception line of the last traceback, else the last ERROR log line.
+    The launchers keep only a tail of the output; the cause may be far above it."""
+
+    def __init__(self) -> None:
+        self.marker: str | None = None
+        self.latest: str | None = None
+        self._in_traceback = False
+
+    def feed(self, line: str) -> None:
+        at = line.find(ERROR_MARKER)
+        if at >= 0:
+            text = line[at + len(ERROR_MARKER):].strip()
+            try:
+                decoded = json.loads(text)
+            except json.JSONDecodeError:  # cut short (a log line limit): keep what arrived
+                decoded = text
+            self.marker = decoded if isinstance(decoded, str) else text
+            return
+        text = line.rstrip()
+        if "Traceback (most recent call last):" in text:
+            self._in_traceback = True
+            return
+        if self._in_traceback:
+            if not text or text[0] in " \t" or text.startswith(("During handling", "The above exception")):
+                return  # a frame, a blank line, or the text between two chained tracebacks
+            self.latest, self._in_traceback = text, False
+            return
+        if " ERROR " in text:
+            self.latest = text.split(" ERROR ", 1)[1].strip()
+
+    @property
+    def cause(self) -> str | None:
+        return self.marker or self.latest
+
+
+def failure_cause(lines: Iterable[str]) -> str | None:
+    tracker = CauseTracker()
+    for line in lines:
+        tracker.feed(line)
+    return tracker.cause
 
 
 def setup_logging() -> None:

@@ -413,6 +413,10 @@ class Threshold(Strict):
 class ChangeThreshold(Strict):
     metric: str
     min_delta: float = 0.0
+    confidence: float = Field(
+        0.95, ge=0.0, lt=1.0,
+        description="deploy only when the improvement's lower confidence bound (a paired bootstrap on the same "
+                    "eval rows) clears min_delta; 0 compares the point estimates alone")
 
 
 class EvaluationConfig(Strict):
@@ -435,6 +439,9 @@ class DeployConfig(Strict):
     resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
     node_selector: dict[str, str] = {}
     pool: PoolName = Field("trainyard_deploy", description="Airflow pool of the deploy task")
+    allow_signature_change: bool = Field(
+        False, description="deploy a model whose serving signature breaks the served one's clients (an input "
+                           "added, removed or retyped; an output removed or changed); off: such a model is held back")
 
 
 class GpuTier(Strict):

@@ -228,6 +228,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for line in local_run.failure_summary(dag_run):
             print(f"trainyard run: {line}")
     if dag_run is not None:
+        for line in local_run.skip_notes(dag_run):
+            print(f"trainyard run: {line}")
         times = local_run.stage_times(dag_run)
         print("trainyard run: stage times: " + (", ".join(f"{task} {seconds:.1f}s" for task, seconds in times)
                                                  or "none ran"))

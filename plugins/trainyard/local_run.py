@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 FAILURE_XCOM = "trainyard_failure"  # the stage's own error, pushed by the operator before it fails
+SKIP_XCOM = "trainyard_skip"  # why a stage skipped itself (nothing new to train on), pushed before it skips
 
 
 @dataclass(frozen=True)
@@ -120,12 +121,33 @@ def failure_summary(dag_run: Any) -> list[str]:
             lines.append(f"failed task: {ti.task_id}{group} (attempt {ti.try_number})")
             if isinstance(value, dict):
                 lines.append(f"error: {value.get('message', '?')}")
-                lines.append("a retry would fail the same way: fix the data or the config, then run again"
-                             if not value.get("retryable", True) else
-                             "not bad input (infrastructure, a lost replica, a bug): running again may help")
+                lines.append(retry_advice(value))
             else:
                 lines.append("error: not a stage failure (see the task's traceback in the log)")
     return lines or ["no task failed (the run ended early: see the log)"]
+
+
+def retry_advice(failure: dict[str, Any]) -> str:
+    """What to do about a failed stage, by its exit code: fix the input, fix the volume, or run again."""
+    from trainyard_contract.runtime import EXIT_ENVIRONMENT, EXIT_MEANINGS
+
+    if failure.get("exit_code") == EXIT_ENVIRONMENT:
+        return f"a retry would fail the same way: {EXIT_MEANINGS[EXIT_ENVIRONMENT]}, then run again"
+    if not failure.get("retryable", True):
+        return "a retry would fail the same way: fix the data, the config or the model code, then run again"
+    return "not bad input (infrastructure, a lost replica, a bug): running again may help"
+
+
+def skip_notes(dag_run: Any) -> list[str]:
+    """One line per stage that skipped itself and said why (`train skipped: nothing new: ...`)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        records = session.query(XComModel).filter(XComModel.dag_id == dag_run.dag_id,
+                                                  XComModel.run_id == dag_run.run_id,
+                                                  XComModel.key == SKIP_XCOM).all()
+        return [f"{record.task_id} skipped: {XComModel.deserialize_value(record)}" for record in records]
 
 
 RAN_STATES = frozenset({"success", "failed"})  # a task that ran to an end (skipped or never-run ones did not)

@@ -41,8 +41,13 @@ def run_context(context: Any, pipeline: str) -> RunContext:
 
 
 def bad_input(exc: StageFailed, stage: Stage) -> AirflowFailException:
-    """A stage that said its input is bad fails for good: Airflow's retry would fail the same way."""
-    return AirflowFailException(f"{exc}\n({stage.bad_input_hint})")
+    """A stage that said its input is bad (or its volume full or not writable) fails for good: Airflow's retry
+    would fail the same way."""
+    from trainyard_contract.runtime import EXIT_ENVIRONMENT, EXIT_MEANINGS
+
+    hint = (f"{EXIT_MEANINGS[EXIT_ENVIRONMENT]}; not retried" if exc.exit_code == EXIT_ENVIRONMENT
+            else stage.bad_input_hint)
+    return AirflowFailException(f"{exc}\n({hint})")
 
 
 def record_failure(context: Any, exc: StageFailed) -> None:
@@ -51,9 +56,19 @@ def record_failure(context: Any, exc: StageFailed) -> None:
     from trainyard.local_run import FAILURE_XCOM
 
     try:
-        context["ti"].xcom_push(key=FAILURE_XCOM, value={"message": exc.stage_message[:4000],
+        context["ti"].xcom_push(key=FAILURE_XCOM, value={"message": exc.stage_message[:4000], "cause": exc.cause,
                                                          "retryable": exc.retryable, "exit_code": exc.exit_code})
     except Exception:  # noqa: BLE001 - the task fails with the stage's error either way
+        pass
+
+
+def record_skip(context: Any, reason: str) -> None:
+    """Keep why a stage skipped itself beside the run (an XCom), for `trainyard run`'s summary."""
+    from trainyard.local_run import SKIP_XCOM
+
+    try:
+        context["ti"].xcom_push(key=SKIP_XCOM, value=reason[:4000])
+    except Exception:  # noqa: BLE001 - the task is skipped either way
         pass
 
 
@@ -112,6 +127,7 @@ class StageOperator(BaseOperator):
         if result is not None and len(json.dumps(result)) > XCOM_LIMIT_BYTES:
             raise ValueError(f"stage {self.stage.name!r} returned more than {XCOM_LIMIT_BYTES} bytes of XCom")
         if result is not None and result.get("skipped"):
+            record_skip(context, result["skipped"])
             raise AirflowSkipException(f"{self.stage.task_id} skipped: {result['skipped']}")
         if self.stage.result_key is not None:
             self.log.info("%s result: %s", self.stage.task_id, result)
@@ -167,11 +183,16 @@ class TrainJobOperator(StageOperator):
         config = apply_overrides(self.config, context["params"])
         run = run_context(context, config.name)
         try:
-            return launch_training(config, run, self.stage, self.launcher(config), self.log, context)
+            result = launch_training(config, run, self.stage, self.launcher(config), self.log, context,
+                                     check_args=self.stage.flags(context["params"]))
         except StageFailed as exc:
             fail(context, exc, self.stage)
         except KeyboardInterrupt as exc:
             raise stopped_by_user() from exc
+        if result is not None and result.get("skipped"):
+            record_skip(context, result["skipped"])
+            raise AirflowSkipException(f"{self.stage.task_id} skipped: {result['skipped']}")
+        return result
 
 
 class TrainTeardownOperator(BaseOperator):

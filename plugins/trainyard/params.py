@@ -53,6 +53,11 @@ def build_params(config: PipelineConfig) -> dict[str, Param]:
             False, type="boolean", title="Force deploy",
             description="Deploy even if the model is not better than the one served (the smoke test still runs).",
         ),
+        "force_retrain": Param(
+            False, type="boolean", title="Force retrain",
+            description="Train even when the pinned inputs and the config are those the served model was trained on "
+                        "(otherwise training and deploy are skipped: nothing new to learn).",
+        ),
     }
 
 

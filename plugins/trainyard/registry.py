@@ -110,6 +110,10 @@ def _force_flag(params: Mapping[str, Any]) -> tuple[str, ...]:
     return ("--force",) if params.get("force_deploy") else ()
 
 
+def _retrain_flag(params: Mapping[str, Any]) -> tuple[str, ...]:
+    return ("--force-retrain",) if params.get("force_retrain") else ()
+
+
 STAGES: tuple[Stage, ...] = (
     Stage(
         task_id="pin_inputs", name="pin", image=PREP, command="pin", kind="pod", hardware="cpu",
@@ -149,12 +153,12 @@ STAGES: tuple[Stage, ...] = (
         writes=(L.CHECKPOINTS, L.CLUSTER_LOGS, L.TENSORBOARD_TRAIN, L.SAVED_MODEL, L.MODEL_SCHEMA,
                 L.TRAINING_RECORD),
         pool=lambda c: c.training.pool, timeout=lambda c: dt.timedelta(minutes=c.training.timeout_minutes),
-        check_command="check", check_name="check_model",
+        check_command="check", check_name="check_model", flags=_retrain_flag,  # a job's flags go to its check
         bad_input_hint="bad config: not retried; fix training.model and re-run",
     ),
     Stage(
         task_id="evaluate", name="evaluate", image=EVALUATE, command="evaluate", kind="pod", hardware="cpu",
-        doc="Metrics on the eval split beside the served model's; report with plots.",
+        doc="The new and the served model scored on the same eval rows; bootstrap of the change; report.",
         configured_image=lambda c: c.evaluation.image, resources=lambda c: c.evaluation.resources,
         reads=(L.PREPARED_MANIFEST, L.SAVED_MODEL, L.MODEL_SCHEMA, L.TENSORBOARD_TRAIN),
         writes=(L.METRICS, L.SMOKE_SET, L.REPORT),
@@ -172,7 +176,7 @@ STAGES: tuple[Stage, ...] = (
             "roll back on failure.",
         configured_image=lambda c: c.deploy.client_image, resources=lambda c: c.deploy.client_resources,
         reads=(L.DECISION, L.SAVED_MODEL, L.SMOKE_SET, L.METRICS, L.INPUTS_MANIFEST, L.PREPARED_MANIFEST,
-               L.TRAINING_RECORD),
+               L.TRAINING_RECORD, L.MODEL_SCHEMA),
         writes=(L.DEPLOY_RESULT,),
         pool=lambda c: c.deploy.pool, needs_serving=True,
     ),

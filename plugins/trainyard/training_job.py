@@ -19,12 +19,17 @@ from trainyard_contract.schema import PipelineConfig
 
 
 def launch_training(config: PipelineConfig, run: RunContext, stage: Stage, launcher: Launcher, log: logging.Logger,
-                    context: Any = None) -> dict[str, Any] | None:
-    """The job stage `stage` of `run`: its one-pod check, then every replica until the chief ends."""
+                    context: Any = None, check_args: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """The job stage `stage` of `run`: its one-pod check, then every replica until the chief ends. A check that
+    answers `skipped` (nothing new since the served model) ends it there: its result is returned, no replica
+    starts."""
     run_layout = RunLayout.for_run(config.kubernetes.volume.mount_path, config.name, run.run_id)
     if stage.check_command is not None:
-        check = stage_container(config, run, stage, check=True)
-        launcher.run_pod(build_stage_pod(config, run, check), log, context)
+        check = stage_container(config, run, stage, check_args, check=True)
+        checked = launcher.run_pod(build_stage_pod(config, run, check), log, context)
+        if checked is not None and checked.get("skipped"):
+            log.info("no training job: %s", checked["skipped"])
+            return checked
     job = job_name(config.name, run_layout.key)
     cluster = launcher.cluster_hosts(job, config.kubernetes.namespace, config.training.port, train_replicas(config))
     log.info("training job %s: cluster %s", job, cluster)

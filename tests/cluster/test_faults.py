@@ -46,7 +46,8 @@ def break_training(core, run_env: dict[str, str], tmp_path: Path, role: str,  # 
     """Start a run, delete `role`'s pod after a checkpoint at step >= 500; the run's output, the last checkpoint
     step seen before the delete, and the seconds from the delete to the next checkpoint."""
     log = tmp_path / f"{role}.log"
-    process = start_trainyard("run", "digits", "--conf", json.dumps({"steps": STEPS, **conf}), env=run_env, log=log)
+    conf = {"steps": STEPS, "force_retrain": True, **conf}  # force_retrain: the volume may hold this very model
+    process = start_trainyard("run", "digits", "--conf", json.dumps(conf), env=run_env, log=log)
     try:
         step = wait_for("a checkpoint at step >= 500", lambda: max(checkpoints(log), default=0) >= 500
                         and max(checkpoints(log)), 900, interval=0.2)
@@ -91,7 +92,8 @@ def test_a_deleted_parameter_server_or_chief_fails_the_attempt_and_the_retry_res
 
 def test_kill_9_of_the_train_process_leaves_nothing_for_long(core, seeded, run_env, tmp_path: Path) -> None:  # noqa: ANN001
     log = tmp_path / "kill.log"
-    process = start_trainyard("run", "digits", "--conf", json.dumps({"steps": 10**6}), env=run_env, log=log)
+    process = start_trainyard("run", "digits", "--conf", json.dumps({"steps": 10**6, "force_retrain": True}),
+                              env=run_env, log=log)
     try:
         wait_for("training under way", lambda: checkpoints(log), 900, interval=0.5)
     finally:

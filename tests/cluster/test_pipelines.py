@@ -49,9 +49,11 @@ def run_pipeline(pipeline: str, conf: dict, env: dict[str, str]) -> str:
 
 
 def test_digits_end_to_end_on_the_cluster(admin, core, apps, seeded: Path, run_env: dict[str, str]) -> None:
-    # force_deploy: the volume may already hold a better champion (it outlives clusters, as a PVC does), and this
-    # test is about the deploy path: a run that does not earn it would skip deploy and leave no Deployment here
-    output = run_pipeline("digits", {"window_days": 5, "steps": 300, "force_deploy": True}, run_env)
+    # force_deploy and force_retrain: the volume may already hold a better champion, or one trained on these very
+    # inputs with this config (it outlives clusters, as a PVC does), and this test is about the whole path: a run
+    # that does not earn the deploy, or has nothing new to train on, would leave no Deployment here
+    output = run_pipeline("digits", {"window_days": 5, "steps": 300, "force_deploy": True, "force_retrain": True},
+                          run_env)
 
     times = stage_times(output)
     assert {"validate_data", "prepare_data", "train", "evaluate", "decide"} <= set(times)
@@ -71,7 +73,7 @@ def test_digits_end_to_end_on_the_cluster(admin, core, apps, seeded: Path, run_e
 
 
 def test_churn_end_to_end_on_the_cluster(core, apps, seeded: Path, run_env: dict[str, str]) -> None:
-    output = run_pipeline("churn", {"force_deploy": True}, run_env)
+    output = run_pipeline("churn", {"force_deploy": True, "force_retrain": True}, run_env)
 
     times = stage_times(output)
     assert {"validate_data [0]", "validate_data [1]", "prepare_data [0]", "prepare_data [1]", "merge_data",

@@ -153,7 +153,8 @@ def can_i(verb: str, resource: str, namespace: str, account_namespace: str) -> s
 
 def test_two_teams_quotas_and_permissions_hold(core, seeded, team_b: str, run_env: dict[str, str],  # noqa: ANN001
                                                monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    team_a_run = start_trainyard("run", "digits", "--conf", '{"steps": 2000}', env=run_env, log=tmp_path / "a.log")
+    team_a_run = start_trainyard("run", "digits", "--conf", '{"steps": 2000, "force_retrain": true}', env=run_env,
+                                 log=tmp_path / "a.log")
     try:
         wait_for("team A's training job", lambda: leftovers(core, {"trainyard/pipeline": "digits",
                                                                    "trainyard/stage": "train"}), 600)

@@ -76,6 +76,9 @@ def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Pa
     decision = json.loads((second / layout.DECISION).read_text())
     assert decision["deploy"] is False and decision["champion"]["version"] == 1
     assert any("vs champion v1" in reason for reason in decision["reasons"])
+    metrics = json.loads((second / layout.METRICS).read_text())
+    assert metrics["champion"]["scored"] is True and metrics["champion"]["rows"] == metrics["eval_rows"]
+    assert metrics["comparison"]["lower"] < 0  # one training step: worse at any confidence
     assert not (second / layout.DEPLOY_RESULT).exists()
     assert layout.published_versions(data_dir / layout.MODELS / "digits") == [1]
 
@@ -88,6 +91,15 @@ def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Pa
     assert f"deploy skipped: this run's decision ({layout.DECISION}) says SKIP" in log
     assert layout.published_versions(data_dir / layout.MODELS / "digits") == [1]
     assert not (second / layout.DEPLOY_RESULT).exists()
+
+    # the first run's inputs and config again: nothing new to learn, so no training job and no deploy
+    same = trainyard("run", "digits", "--conf", '{"window_days": 4, "steps": 120, "workers": 1}')
+    assert same.returncode == 0 and "finished: success" in same.stdout, same.stdout[-3000:]
+    notes = [line for line in same.stdout.splitlines() if line.startswith("trainyard run: train skipped: ")]
+    assert len(notes) == 1 and "nothing new: the pinned inputs (sha256 " in notes[0] and "champion v1" in notes[0]
+    third = run_folder(same.stdout)
+    assert not (third / layout.TRAINING_RECORD).exists() and not (third / layout.METRICS).exists()
+    assert layout.published_versions(data_dir / layout.MODELS / "digits") == [1]
 
 
 def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path, data_dir: Path,
@@ -110,7 +122,8 @@ def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path,
     assert summary[1:4] == [
         "trainyard run: failed task: validate_data (attempt 1)",
         "trainyard run: error: validate failed: data validation failed: 1 problem(s) in datasets/digits",
-        "trainyard run: a retry would fail the same way: fix the data or the config, then run again"], summary
+        "trainyard run: a retry would fail the same way: fix the data, the config or the model code, then run again",
+    ], summary
     # what ran, and for how long; the tasks that never ran (prepare, train, ...) are not listed
     assert re.fullmatch(r"trainyard run: stage times: validate_data \d+\.\ds, teardown_train \d+\.\ds",
                         summary[4]), summary

@@ -21,9 +21,22 @@ def config(**evaluation: object) -> PipelineConfig:
 STRICT = config(thresholds={"accuracy": {"min": 0.8}}, change_threshold={"metric": "accuracy", "min_delta": 0.01})
 
 
+def served(version: int, **metrics: float) -> dict:
+    """A champion as evaluate writes it after scoring it on this run's eval rows."""
+    return {"version": version, "metrics": metrics, "scored": True, "rows": 500, "why_not_scored": None}
+
+
+def point(metric: str, ours: float, theirs: float, higher_is_better: bool = True) -> dict:
+    """evaluate's comparison without a bootstrap (confidence 0): the signed improvement alone."""
+    gain = (ours - theirs) if higher_is_better else (theirs - ours)
+    return {"metric": metric, "rows": 500, "challenger": ours, "champion": theirs, "improvement": gain,
+            "confidence": 0.0}
+
+
 def evaluation(accuracy: float, champion: float | None) -> dict:
-    champ = None if champion is None else {"version": 3, "metrics": {"accuracy": champion}}
-    return {"challenger": {"accuracy": accuracy, "loss": 0.3}, "champion": champ}
+    champ = None if champion is None else served(3, accuracy=champion)
+    return {"challenger": {"accuracy": accuracy, "loss": 0.3}, "champion": champ,
+            "comparison": None if champion is None else point("accuracy", accuracy, champion)}
 
 
 def test_first_model_needs_only_the_value_thresholds() -> None:
@@ -42,8 +55,10 @@ def test_change_threshold_against_the_champion(ours: float, theirs: float, deplo
 
 def test_loss_is_lower_is_better() -> None:
     by_loss = config(change_threshold={"metric": "loss", "min_delta": 0.0})
-    better = {"challenger": {"accuracy": 0.9, "loss": 0.2}, "champion": {"version": 1, "metrics": {"loss": 0.3}}}
-    worse = {"challenger": {"accuracy": 0.9, "loss": 0.4}, "champion": {"version": 1, "metrics": {"loss": 0.3}}}
+    better = {"challenger": {"accuracy": 0.9, "loss": 0.2}, "champion": served(1, loss=0.3),
+              "comparison": point("loss", 0.2, 0.3, higher_is_better=False)}
+    worse = {"challenger": {"accuracy": 0.9, "loss": 0.4}, "champion": served(1, loss=0.3),
+             "comparison": point("loss", 0.4, 0.3, higher_is_better=False)}
     assert decide(by_loss, better, False)["deploy"] and not decide(by_loss, worse, False)["deploy"]
 
 
@@ -54,8 +69,9 @@ def test_force_skips_the_comparison_and_says_so() -> None:
 
 
 def windowed(accuracy: float, champion: float, champion_end: str | None) -> dict:
-    served = {"version": 4, "metrics": {"accuracy": champion}, "data_window_end": champion_end}
-    return {"challenger": {"accuracy": accuracy, "loss": 0.3}, "champion": served}
+    champ = {**served(4, accuracy=champion), "data_window_end": champion_end}
+    return {"challenger": {"accuracy": accuracy, "loss": 0.3}, "champion": champ,
+            "comparison": point("accuracy", accuracy, champion)}
 
 
 def test_a_model_on_older_data_never_replaces_the_champion_even_when_better() -> None:
@@ -149,10 +165,14 @@ def regression_config(**evaluation: object) -> PipelineConfig:
 def test_regression_errors_are_lower_is_better_against_the_champion() -> None:
     by_rmse = regression_config(metrics=["rmse", "r2"], change_threshold={"metric": "rmse", "min_delta": 1.0})
     assert by_rmse.metric_names == ("rmse", "r2")
-    served = {"version": 2, "metrics": {"rmse": 50.0}}
-    assert decide(by_rmse, {"challenger": {"rmse": 45.0, "r2": 0.5}, "champion": served}, False)["deploy"]
-    assert not decide(by_rmse, {"challenger": {"rmse": 49.5, "r2": 0.5}, "champion": served}, False)["deploy"]
-    assert not decide(by_rmse, {"challenger": {"rmse": 55.0, "r2": 0.5}, "champion": served}, False)["deploy"]
+
+    def rmse(ours: float) -> dict:
+        return {"challenger": {"rmse": ours, "r2": 0.5}, "champion": served(2, rmse=50.0),
+                "comparison": point("rmse", ours, 50.0, higher_is_better=False)}
+
+    assert decide(by_rmse, rmse(45.0), False)["deploy"]
+    assert not decide(by_rmse, rmse(49.5), False)["deploy"]
+    assert not decide(by_rmse, rmse(55.0), False)["deploy"]
     assert regression_config().metric_names == ("rmse", "mae", "loss")
 
 

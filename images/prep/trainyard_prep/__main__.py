@@ -24,6 +24,8 @@ from trainyard_contract.runtime import (
     log,
     parse_args,
     relative_to_volume,
+    report_error,
+    run_stage,
     write_result,
 )
 from trainyard_contract.schema import PipelineConfig
@@ -139,12 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                  else "")
         result = COMMANDS[args.command](args, config)
     except StageError as exc:
-        log.error("%s failed: %s", args.command, exc)
-        return EXIT_BAD_INPUT
+        return report_error(f"{args.command} failed: {exc}", EXIT_BAD_INPUT)
     write_result(args.xcom, result)
     log.info("%s succeeded: %s", args.command, result)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stage(main))

@@ -24,6 +24,8 @@ from trainyard_contract.runtime import (
     StageError,
     add_run_arguments,
     parse_args,
+    report_error,
+    run_stage,
 )
 from trainyard_serving.limits import Limits
 
@@ -105,15 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config()
         result = deploy(config, args.volume, args.run_dir, args.run_id, args.endpoint)
     except StageError as exc:
-        log.error("deploy failed: %s", exc)
-        return EXIT_BAD_INPUT
+        return report_error(f"deploy failed: {exc}", EXIT_BAD_INPUT)
     except DeployFailed as exc:
-        log.error("deploy failed and was rolled back: %s", exc)
-        return EXIT_FAILED
+        return report_error(f"deploy failed and was rolled back: {exc}", EXIT_FAILED)
     write_result(args.xcom, result)
     log.info("%s: %s", "not deployed" if result.get("skipped") else "deployed", result)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stage(main))

@@ -263,12 +263,15 @@ def lineage(config: PipelineConfig, run_dir: Path, run_id: str) -> dict[str, Any
     prepared = read(run_dir / layout.PREPARED_MANIFEST)
     metrics = read(run_dir / layout.METRICS)
     inputs = read(run_dir / layout.INPUTS_MANIFEST)
+    label = read(run_dir / layout.MODEL_SCHEMA).get("label") or {}
     return {
         "pipeline": config.name, "run_id": run_id, "run_dir": run_dir.name,
         "config_sha256": prepared.get("config_sha256"), "data_sha256": prepared.get("inputs", {}).get("sha256"),
         "data_window_end": inputs.get("window_end"), "trigger": inputs.get("trigger"),
         "training": read(run_dir / layout.TRAINING_RECORD),
-        "metrics": metrics.get("challenger", {}), "tensorflow": tf.__version__,
+        "metrics": metrics.get("challenger", {}), "eval_rows": metrics.get("eval_rows"),
+        "classes": [str(c) for c in label.get("classes") or []] or None,  # the probabilities' column order
+        "tensorflow": tf.__version__,
         "images": {"prep": config.prep.image, "trainer": config.training.image},
     }
 

@@ -3,7 +3,9 @@
 `check` builds the configured model once (a bad module or params fails before any replica starts). `train` reads
 TF_CONFIG once: a `ps` or `worker` task of parameter-server training serves until the job stops it; the `chief`
 (or the only process) trains, checkpoints and, alone, exports the SavedModel.
-Exit codes: 0 success; 2 usage error; 3 bad config (model module/params); 1 anything else (lost replica, ...).
+Exit codes: 0 success; 2 usage error; 3 bad input (the model module, its params, or an op of the model refusing a
+training batch); 4 the volume is full or not writable; 1 anything else (a lost replica, ...). Every failure ends
+with its cause on a marker line (trainyard_contract.runtime.report_error), which the run's summary quotes.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ from typing import NoReturn
 from trainyard_contract import layout
 from trainyard_contract.runtime import (
     EXIT_BAD_INPUT,
+    EXIT_ENVIRONMENT,
     StageError,
     add_run_arguments,
+    environment_problem,
     load_config,
     parse_args,
     relative_to_volume,
+    report_error,
+    run_stage,
     write_result,
 )
 
@@ -37,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     add_run_arguments(check)
     check.add_argument("--from-config", action="store_true",
                        help="build on a schema made from the config alone (trainyard check: no data needed)")
+    check.add_argument("--force-retrain", action="store_true",
+                       help="force_retrain: train even when the inputs and config are the served champion's")
     add_run_arguments(commands.add_parser("train", help="run this replica of the training job"))
     add_run_arguments(commands.add_parser("evaluate", help="score the exported model on the eval split"))
     commands.add_parser("check-configs", help="build each model of the configs on stdin (a JSON list) on a schema "
@@ -84,8 +92,15 @@ def main(argv: list[str] | None = None) -> int:
                  config.training.strategy, f"{task.role}:{task.index}" if task else "single")
         if args.command == "check":
             result = check_model(config, schema)
-            write_result(args.xcom, result)
             log.info("model check passed: %s", result)
+            if not args.from_config and not args.force_retrain:
+                from trainyard_trainer.champion import nothing_new
+
+                unchanged = nothing_new(args.run_dir, layout.models_dir(args.volume, config.model_name))
+                if unchanged is not None:
+                    log.info("%s", unchanged)
+                    result["skipped"] = unchanged
+            write_result(args.xcom, result)
             return 0
         if task is not None and config.training.strategy == "parameter_server" and task.role in ("ps", "worker"):
             return serve_forever(task)
@@ -104,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         log.info("training finished: %s", training)
         return 0
     except (ModelError, StageError, FileNotFoundError, ValueError) as exc:
-        log.error("%s failed: %s", args.command, exc)
-        return EXIT_BAD_INPUT
+        problem = environment_problem(exc)
+        if problem is not None:  # a checkpoint or export that met a full or read-only volume
+            return report_error(f"{args.command} failed: {problem}: {exc}", EXIT_ENVIRONMENT)
+        return report_error(f"{args.command} failed: {exc}", EXIT_BAD_INPUT)
 
 
 def run_check_configs() -> int:
@@ -134,8 +151,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         config = load_config()
         payload = evaluate(config, args.volume, args.run_dir, args.run_id)
     except (StageError, FileNotFoundError) as exc:
-        log.error("evaluate failed: %s", exc)
-        return EXIT_BAD_INPUT
+        return report_error(f"evaluate failed: {exc}", EXIT_BAD_INPUT)
     champion = payload["champion"]
     log.info("challenger %s; champion %s", payload["challenger"],
              f"v{champion['version']} {champion['metrics']}" if champion else "none")
@@ -160,8 +176,7 @@ def run_decide(args: argparse.Namespace) -> int:
         window_end = json.loads(inputs_path.read_text()).get("window_end") if inputs_path.is_file() else None
         decision = decide(config, json.loads(metrics_path.read_text()), args.force, window_end)
     except StageError as exc:
-        log.error("decide failed: %s", exc)
-        return EXIT_BAD_INPUT
+        return report_error(f"decide failed: {exc}", EXIT_BAD_INPUT)
     write_json(args.run_dir / layout.DECISION, decision)
     from trainyard_contract.atomic import write_bytes
     from trainyard_trainer.report import render_report
@@ -172,10 +187,12 @@ def run_decide(args: argparse.Namespace) -> int:
     log.info("decision: %s", "DEPLOY" if decision["deploy"] else "SKIP")
     for reason in decision["reasons"]:
         log.info("  - %s", reason)
+    for reason in decision.get("held", []):
+        log.info("  (held) %s", reason)
     write_result(args.xcom, {"deploy": decision["deploy"], "forced": decision["forced"],
                              "reasons": decision["reasons"]})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stage(main))

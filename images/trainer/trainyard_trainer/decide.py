@@ -1,11 +1,17 @@
 """decide: deploy only when the new model earns it. Pure logic over eval/metrics.json; imports no TensorFlow.
 
 Deploy when every value threshold holds (`evaluation.thresholds`: min/max per metric) and, when a model is already
-served, the change threshold holds (`evaluation.change_threshold`: the metric must improve by at least `min_delta`
-and improve at all; direction by metric, loss is lower-is-better). The first model of a name needs only the value
-thresholds. A candidate trained on data that ends before the champion's (`data_window_end`: a backfill or a
-catch-up run) never replaces it: the newest data wins over a better metric on older data. `force_deploy` skips
-these checks but never the deploy step's smoke test.
+served:
+- the change threshold holds (`evaluation.change_threshold`): on the same eval rows, scored by evaluate for both
+  models, the improvement must clear `min_delta` and be above 0; with `confidence` above 0 (default 0.95) it is the
+  improvement's lower confidence bound from a paired bootstrap that must clear it, so a gain within the noise of
+  this eval sample is not deployed. Direction by metric (loss is lower-is-better). A champion that could not be
+  scored on these rows is compared on nothing, and the decision says why;
+- the serving signature stays compatible (trainyard_trainer.signature): a change a current client would feel holds
+  the model back unless `deploy.allow_signature_change` is set.
+The first model of a name needs only the value thresholds. A candidate trained on data that ends before the
+champion's (`data_window_end`: a backfill or a catch-up run) never replaces it: the newest data wins over a better
+metric on older data. `force_deploy` skips these checks but never the deploy step's smoke test.
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from trainyard_contract.metrics import higher_is_better
 from trainyard_contract.schema import PipelineConfig
+from trainyard_trainer.signature import additions, breaking_changes
 
 
 def parse_instant(value: str | None) -> dt.datetime | None:
@@ -66,20 +72,66 @@ def decide(config: PipelineConfig, evaluation: dict[str, Any], force: bool,
         else:
             reasons.append(f"{name} {value:.4f} is within its thresholds")
     change = config.evaluation.change_threshold
+    comparison = evaluation.get("comparison")
     if champion is None:
         reasons.append("no model is served under this name yet: value thresholds only")
     elif change is not None:
-        ours, theirs = metrics.get(change.metric), champion["metrics"].get(change.metric)
-        if ours is None or theirs is None or ours != ours or theirs != theirs:
-            failed.append(f"{change.metric}: missing for the {'challenger' if ours is None else 'champion'}")
+        if not champion.get("scored"):
+            reasons.append(f"champion v{champion['version']} could not be scored on this run's eval rows "
+                           f"({champion.get('why_not_scored') or 'unknown reason'}): compared on nothing")
+        elif not comparison:
+            failed.append(f"{change.metric}: no comparison with champion v{champion['version']} in metrics.json "
+                          "(re-run evaluate)")
         else:
-            higher = higher_is_better(config.data.label.task, change.metric)
-            improvement = (ours - theirs) if higher else (theirs - ours)
-            text = (f"{change.metric} {ours:.4f} vs champion v{champion['version']} {theirs:.4f} "
-                    f"(improvement {improvement:+.4f}, needs >= {change.min_delta} and > 0)")
-            (reasons if improvement > 0 and improvement >= change.min_delta else failed).append(text)
+            (reasons if change_holds(comparison, change.min_delta) else failed).append(
+                change_text(comparison, champion["version"], change.min_delta))
+    signature = signature_check(config, evaluation)
+    if signature is not None:
+        (reasons if signature["allowed"] else failed).append(signature["text"])
     if force:
         return {"deploy": True, "forced": True, "reasons": ["force_deploy was set: comparison skipped"] + reasons,
-                "ignored": failed, "champion": champion, "metrics": metrics, "data_window_end": windows}
-    return {"deploy": not failed, "forced": False, "reasons": failed or reasons, "champion": champion,
-            "metrics": metrics, "data_window_end": windows}
+                "ignored": failed, "champion": champion, "metrics": metrics, "data_window_end": windows,
+                "comparison": comparison, "signature": signature}
+    return {"deploy": not failed, "forced": False, "reasons": failed or reasons, "held": reasons if failed else [],
+            "champion": champion, "metrics": metrics, "data_window_end": windows, "comparison": comparison,
+            "signature": signature}
+
+
+def change_holds(comparison: dict[str, Any], min_delta: float) -> bool:
+    """The improvement (or, with a bootstrap, its lower confidence bound) clears min_delta and is above 0."""
+    bound = comparison["lower"] if "lower" in comparison else comparison["improvement"]
+    return bound > 0 and bound >= min_delta
+
+
+def change_text(comparison: dict[str, Any], version: int, min_delta: float) -> str:
+    metric = comparison["metric"]
+    text = (f"{metric} {comparison['challenger']:.4f} vs champion v{version} {comparison['champion']:.4f} on the "
+            f"same {comparison['rows']} eval rows (improvement {comparison['improvement']:+.4f}")
+    if "lower" in comparison:
+        return (f"{text}; {comparison['confidence']:.0%} lower bound {comparison['lower']:+.4f}, "
+                f"p={comparison['p_value']:.3f} by a paired bootstrap of {comparison['resamples']} resamples: "
+                f"the bound must be above 0 and at least min_delta {min_delta:g})")
+    return (f"{text}, must be above 0 and at least min_delta {min_delta:g}; no bootstrap: "
+            "change_threshold.confidence is 0)")
+
+
+def signature_check(config: PipelineConfig, evaluation: dict[str, Any]) -> dict[str, Any] | None:
+    """The challenger's serving signature against the champion's: None without a champion (or for a metrics.json
+    written before signatures were recorded); else the breaking changes, the additions and whether they pass."""
+    signatures = evaluation.get("signature") or {}
+    ours, theirs = signatures.get("challenger"), signatures.get("champion")
+    champion = evaluation.get("champion")
+    if not ours or not theirs or champion is None:
+        return None
+    breaking = breaking_changes(theirs, ours)
+    allowed = not breaking or config.deploy.allow_signature_change
+    version = champion["version"]
+    if not breaking:
+        text = f"serving signature compatible with champion v{version}'s"
+    elif allowed:
+        text = (f"serving signature breaks champion v{version}'s clients, allowed by deploy.allow_signature_change: "
+                + "; ".join(breaking))
+    else:
+        text = (f"serving signature breaks champion v{version}'s clients: " + "; ".join(breaking)
+                + " (set deploy.allow_signature_change: true once clients are updated, or trigger with force_deploy)")
+    return {"breaking": breaking, "added": additions(theirs, ours), "allowed": allowed, "text": text}

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 NUMERIC_INPUT = "numeric"
-PLACEHOLDER_VOCABULARY = 3  # categories per feature when `check` builds a model before any data exists
+PLACEHOLDER_VOCABULARY = 50  # categories per feature when `check` builds a model before any data exists: enough that
+# a model with a hard-coded, too small vocabulary (an Embedding of 4 rows) fails there, not in training
 
 
 @dataclass(frozen=True)

@@ -109,17 +109,47 @@ def _metric_rows(config: PipelineConfig, payload: dict[str, Any]) -> str:
     return "".join(rows)
 
 
-def _decision_section(config: PipelineConfig, decision: dict[str, Any] | None) -> str:
+def _comparison(payload: dict[str, Any]) -> str:
+    """The change metric on the same rows, with the bootstrap's interval and p-value when there is one."""
+    comparison = payload.get("comparison")
+    if not comparison:
+        return ""
+    text = (f"{comparison['metric']}: challenger {comparison['challenger']:.4f}, champion "
+            f"{comparison['champion']:.4f} on the same {comparison['rows']} rows; improvement "
+            f"{comparison['improvement']:+.4f}")
+    if "lower" in comparison:
+        text += (f", {comparison['confidence']:.0%} confidence bounds [{comparison['lower']:+.4f}, "
+                 f"{comparison['upper']:+.4f}], p = {comparison['p_value']:.4f} (paired bootstrap, "
+                 f"{comparison['resamples']} resamples, seed {comparison['seed']})")
+    return f"<p>{html.escape(text)}</p>"
+
+
+def _signature_section(decision: dict[str, Any] | None) -> str:
+    signature = (decision or {}).get("signature")
+    if not signature:
+        return ""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in [*signature["breaking"], *signature["added"]])
+    verdict = ("compatible with the served model's" if not signature["breaking"] else
+               "breaks the served model's clients" + (" (allowed)" if signature["allowed"] else ""))
+    return f"<h2>Serving signature</h2><p>{verdict}</p>" + (f"<ul>{items}</ul>" if items else "")
+
+
+def _decision_section(config: PipelineConfig, payload: dict[str, Any], decision: dict[str, Any] | None) -> str:
     change = config.evaluation.change_threshold
-    rule = (f"<p>Change threshold: {html.escape(change.metric)} must improve on the served model by at least "
-            f"{change.min_delta:g} (and at all).</p>" if change else "<p>No change threshold.</p>")
+    bound = ("" if change is None or change.confidence == 0 else
+             f" (its {change.confidence:.0%} lower confidence bound, by a paired bootstrap on the same rows)")
+    rule = (f"<p>Change threshold: {html.escape(change.metric)} must improve on the served model{bound} by at "
+            f"least {change.min_delta:g} (and at all).</p>" if change else "<p>No change threshold.</p>")
+    rule += _comparison(payload)
     if decision is None:
         return f"<h2>Decision</h2><p>Not decided yet (the decide task writes it here).</p>{rule}"
     verdict = "DEPLOY" + (" (forced)" if decision.get("forced") else "") if decision["deploy"] else "SKIP"
     reasons = "".join(f"<li>{html.escape(str(r))}</li>" for r in decision.get("reasons", []))
     ignored = "".join(f"<li>{html.escape(str(r))}</li>" for r in decision.get("ignored", []))
     extra = f"<p>Ignored because force_deploy was set:</p><ul>{ignored}</ul>" if ignored else ""
-    return f"<h2>Decision: {verdict}</h2>{rule}<ul>{reasons}</ul>{extra}"
+    held = "".join(f"<li>{html.escape(str(r))}</li>" for r in decision.get("held", []))
+    extra += f"<p>What held:</p><ul>{held}</ul>" if held else ""
+    return f"<h2>Decision: {verdict}</h2>{rule}<ul>{reasons}</ul>{extra}{_signature_section(decision)}"
 
 
 def _task_section(config: PipelineConfig, payload: dict[str, Any]) -> str:
@@ -141,17 +171,26 @@ def _task_section(config: PipelineConfig, payload: dict[str, Any]) -> str:
 
 def render_report(config: PipelineConfig, payload: dict[str, Any], decision: dict[str, Any] | None = None) -> str:
     champ = payload["champion"]
-    champion_title = f"champion (version {champ['version']})" if champ else "champion (none served yet)"
+    if not champ:
+        champion_title = "champion (none served yet)"
+    elif champ.get("scored"):
+        champion_title = f"champion (version {champ['version']}, on the same {champ['rows']} rows)"
+    else:
+        champion_title = (f"champion (version {champ['version']}: not scored, "
+                          f"{html.escape(str(champ.get('why_not_scored')))})")
+    loss = payload.get("loss") or {}
+    loss_note = (f" <code>loss</code> is the training loss, {html.escape(str(loss.get('name')))} "
+                 f"({html.escape(str(loss.get('source')))})." if loss else "")
     curve = [tuple(p) for p in payload.get("training_curve", [])]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(config.name)} evaluation</title>
 <style>body{{font-family:sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}th{{background:#eef}}</style></head><body>
 <h1>{html.escape(config.name)}: evaluation of run {html.escape(payload['run_id'])}</h1>
 <p>{config.data.label.task}: {payload['eval_rows']} eval examples, scored through the exported
-<code>serving_default</code> signature.</p>
+<code>serving_default</code> signature, the challenger's and the champion's alike.{loss_note}</p>
 <table><tr><th>metric</th><th>challenger</th><th>{champion_title}</th><th>change</th><th></th><th>threshold</th></tr>
 {_metric_rows(config, payload)}</table>
-{_decision_section(config, decision)}
+{_decision_section(config, payload, decision)}
 {_task_section(config, payload)}
 <h2>Training loss</h2>{svg_curve(curve)}
 </body></html>"""

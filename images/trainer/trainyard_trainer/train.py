@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from trainyard_contract.schema import PipelineConfig
 from trainyard_contract.tf_config import TaskConfig
 from trainyard_trainer.data import make_dataset
 from trainyard_trainer.features import FeatureTransform, dummy_raw_batch
-from trainyard_trainer.model_schema import ModelSchema
+from trainyard_trainer.model_schema import NUMERIC_INPUT, ModelSchema
 
 log = logging.getLogger("trainyard")
 
@@ -123,11 +124,19 @@ def declared_inputs(model: keras.Model) -> list[str] | None:
     return list(structure) if isinstance(structure, dict) else None
 
 
+NOISE_PREFIXES = ("Exception encountered", "Arguments received", "•", "Graph execution error", "Detected at node",
+                  "defined at", "File ", "[[", "Stack trace", "Error in user-defined function", "Traceback")
+
+
 def error_text(exc: Exception) -> str:
-    """An exception in a few words: Keras puts the useful part after an 'Exception encountered' line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    useful = [line for line in lines if not line.startswith(("Exception encountered", "Arguments received", "•"))]
-    return f"{type(exc).__name__}: {' '.join(useful[:3]) or ' '.join(lines[:1])}"
+    """An exception in a few words: Keras puts the useful part after an 'Exception encountered' line; a
+    TensorFlow op error after 'Graph execution error' and the frames of where the op was defined."""
+    raw = exc.message if isinstance(exc, tf.errors.OpError) else str(exc)
+    raw = re.sub(r"\x1b\[[0-9;]*m|\{\{function_node [^}]*\}\}\s*", "", raw)  # Keras' bold, TF's op prefix
+    lines = [line.strip() for line in raw.splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(NOISE_PREFIXES) and not line.startswith("(")]
+    useful = [line.split(" [[", 1)[0].split(" [Op:", 1)[0].strip() for line in useful]
+    return f"{type(exc).__name__}: {' '.join(u for u in useful[:3] if u) or ' '.join(lines[:1])}"
 
 
 def ensure_built(model: keras.Model, transform: FeatureTransform, schema: ModelSchema) -> None:
@@ -136,23 +145,53 @@ def ensure_built(model: keras.Model, transform: FeatureTransform, schema: ModelS
         model_outputs(model, transform(dummy_raw_batch(schema)), schema, training=False)
 
 
+def probe_batch(schema: ModelSchema) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    """Model inputs (after the feature transform) and labels for one batch of 3 rows that reaches every edge:
+    each numeric feature at its train minimum, mean and maximum; each categorical feature at id 0 (the first
+    out-of-vocabulary bucket), its last id (`size - 1`, the last vocabulary entry) and its middle; the first and
+    last class, or the label's minimum and maximum. A model that only breaks on real ids (an Embedding smaller
+    than the vocabulary) breaks here, before any replica starts."""
+    inputs: dict[str, tf.Tensor] = {}
+    if schema.numeric:
+        columns = [[f.min if f.min is not None else f.mean - f.std, f.mean,
+                    f.max if f.max is not None else f.mean + f.std] for f in schema.numeric]
+        inputs[NUMERIC_INPUT] = tf.constant(list(zip(*columns, strict=True)), tf.float32)
+    for f in schema.categorical:
+        inputs[f.name] = tf.constant([0, f.size - 1, (f.size - 1) // 2], tf.int64)
+    if schema.is_classification:
+        labels = tf.constant([0, schema.num_classes - 1, (schema.num_classes - 1) // 2], tf.int64)
+    else:
+        low = schema.label.min if schema.label.min is not None else schema.label.mean - schema.label.std
+        high = schema.label.max if schema.label.max is not None else schema.label.mean + schema.label.std
+        labels = tf.constant([low, schema.label.mean, high], tf.float32)
+    return inputs, labels
+
+
 def check_model(config: PipelineConfig, schema: ModelSchema) -> dict[str, Any]:
-    """Build the model once and run it on a batch: a bad module or params fails here, before any replica
-    starts (and in `trainyard check`, before any data exists)."""
+    """Build the model and run one batch that reaches every vocabulary edge forward and backward (loss and
+    gradients, as a training step does, without applying them): a bad module, bad params or a model that only
+    fails on real ids fails here, before any replica starts (and in `trainyard check`, before any data exists)."""
     parts = build(config, schema)
     name = config.training.model.module
-    transform = FeatureTransform(schema)
+    inputs, labels = probe_batch(schema)
     try:
-        outputs = model_outputs(parts.model, transform(dummy_raw_batch(schema)), schema, training=False)
+        with tf.GradientTape() as tape:
+            outputs = model_outputs(parts.model, inputs, schema, training=True)
+            if tuple(outputs.shape) == (3, schema.output_units):
+                targets = labels if schema.is_classification else labels[:, tf.newaxis]
+                loss = tf.reduce_mean(parts.loss(targets, outputs))
+        if tuple(outputs.shape) == (3, schema.output_units):
+            tape.gradient(loss, parts.model.trainable_variables)
     except Exception as exc:  # the user's model code: any failure is a config problem
-        raise ModelError(f"{name} fails on a batch of this pipeline's features ({_schema_summary(schema)}): "
-                         f"{error_text(exc)}") from None
-    expected = (2, schema.output_units)
+        raise ModelError(f"{name} fails on a batch of this pipeline's features ({_schema_summary(schema)}; "
+                         f"every vocabulary id at its edge, forward and backward): {error_text(exc)}") from None
+    expected = (3, schema.output_units)
     if tuple(outputs.shape) != expected:
         what = f"{schema.num_classes} logits, one per class" if schema.is_classification else "1 prediction"
         raise ModelError(f"{name} returns shape {tuple(outputs.shape)[1:]} per example, expected "
                          f"({expected[1]},): {what}")
-    return {"parameters": int(parts.model.count_params()), "model": parts.model.name, "task": schema.task}
+    return {"parameters": int(parts.model.count_params()), "model": parts.model.name, "task": schema.task,
+            "probe_loss": round(float(loss), 6)}
 
 
 def make_strategy(strategy: str, task: TaskConfig | None) -> tf.distribute.Strategy:
@@ -168,7 +207,20 @@ def make_strategy(strategy: str, task: TaskConfig | None) -> tf.distribute.Strat
 
 def train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema: ModelSchema,
           checkpoint_dir: Path | None = None) -> tuple[TrainResult, keras.Model]:
-    """Run the loop on the coordinating process; returns what training.json records and the trained model."""
+    """Run the loop on the coordinating process; returns what training.json records and the trained model.
+
+    An op that refuses its arguments while training (InvalidArgumentError: an id outside an Embedding, shapes
+    that do not fit) is the model code's doing on these examples, not the cluster's: it becomes a ModelError,
+    which the entrypoint reports as bad input (not retried, the cause quoted). Lost replicas, timeouts and
+    transport errors are other error types and stay retryable."""
+    try:
+        return _train(config, run_dir, task, schema, checkpoint_dir)
+    except tf.errors.InvalidArgumentError as exc:
+        raise ModelError(f"{config.training.model.module} failed on a training batch: {error_text(exc)}") from None
+
+
+def _train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schema: ModelSchema,
+           checkpoint_dir: Path | None = None) -> tuple[TrainResult, keras.Model]:
     training = config.training
     strategy = make_strategy(training.strategy, task)
     prepared = run_dir / layout.PREPARED

@@ -13,17 +13,25 @@ from trainyard_contract.schema import PipelineConfig
 
 
 class StageFailed(Exception):
-    """A stage's pod or process ended unsuccessfully; the message says how and shows the tail of its output."""
+    """A stage's pod or process ended unsuccessfully; the message says how and shows the tail of its output.
 
-    def __init__(self, message: str, exit_code: int | None = None):
-        super().__init__(message)
+    `cause`: the stage's own error, found in its whole output by `trainyard_contract.runtime.CauseTracker` (its
+    error marker line, else the exception line of its traceback, else its last ERROR line); it ends the message,
+    so the summary and the task log end with it however far above the tail the stage printed it."""
+
+    def __init__(self, message: str, exit_code: int | None = None, cause: str | None = None):
+        self.cause = cause.strip() if cause and cause.strip() else None
+        super().__init__(f"{message}\ncause: {self.cause}" if self.cause is not None else message)
         self.exit_code = exit_code
 
     @property
     def stage_message(self) -> str:
-        """The stage's own words, for a summary: its ERROR lines from the output tail (`validate failed: ...`),
-        else the first line of this message (`training job failed: ...`)."""
+        """The stage's own words, for a summary: its cause (`validate failed: ...`; for a training job after how
+        it ended: `training job failed: chief exited with code 3: train failed: ...`); without a cause, its ERROR
+        lines from the output tail, else the first line of the message."""
         lines = str(self).splitlines()
+        if self.cause is not None:  # a stage pod's cause says it all; a job's says which replica ended and how
+            return self.cause if lines[0].startswith("pod ") else f"{lines[0]}: {self.cause}"
         errors = [i for i, line in enumerate(lines) if " ERROR " in line]
         if not errors:
             return lines[0] if lines else ""

@@ -75,7 +75,8 @@ class KubernetesLauncher:
         try:
             operator.execute(context)
         except AirflowException as exc:
-            raise StageFailed(self._stage_failure(operator, pod, exc), operator.stage_exit_code) from exc
+            raise StageFailed(self._stage_failure(operator, pod, exc), operator.stage_exit_code,
+                              cause=operator.stage_cause) from exc
         except ApiException as exc:  # KPO's create answered an error (quota, admission, RBAC)
             raise StageFailed(f"the cluster refused pod {pod.metadata.name}: {api_error(exc)}") from exc
         finally:
@@ -83,7 +84,7 @@ class KubernetesLauncher:
                 self._operator = None
         if operator.stage_exit_code not in (None, 0):
             raise StageFailed(f"pod {created_name(operator, pod)} exited with code {operator.stage_exit_code}",
-                              operator.stage_exit_code)
+                              operator.stage_exit_code, cause=operator.stage_cause)
         return operator.stage_result
 
     def _stage_failure(self, operator: Any, pod: k8s.V1Pod, exc: AirflowException) -> str:

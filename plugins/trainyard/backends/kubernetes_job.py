@@ -45,9 +45,10 @@ from trainyard.backends.kubernetes_lease import RENEW_SECONDS, lease_annotations
 from trainyard.native_noise import is_native_noise
 from trainyard.podspec import PLACEMENT_ANNOTATION
 from trainyard_contract.replica_policy import Action, on_replica_exit
-from trainyard_contract.runtime import result_from_log
+from trainyard_contract.runtime import failure_cause, result_from_log
 
 TAIL_LINES = 40
+CAUSE_LOG_LINES = 2000  # where a failed chief's cause is looked for: its error marker is its last line
 DELETE_GRACE_SECONDS = 30
 STOPPED = "training job was stopped (task killed or marked failed)"
 
@@ -217,7 +218,8 @@ class KubernetesJob:
                     if phase == "Failed" or pod is None:
                         code = exit_code_of(pod) if pod is not None else None
                         how = f"exited with code {code}" if pod is not None else "vanished (evicted or deleted)"
-                        raise StageFailed(self._failure(f"chief {name} {how}"), code if code is not None else 1)
+                        raise StageFailed(self._failure(f"chief {name} {how}"), code if code is not None else 1,
+                                          cause=self._cause_of(name) if pod is not None else None)
                 elif phase == "Succeeded":
                     finished.add(name)  # a multi_worker_mirrored worker that finished its steps: not a loss
                 elif (phase == "Failed" or pod is None) and name not in finished:
@@ -240,8 +242,9 @@ class KubernetesJob:
         code = exit_code_of(pod) if pod is not None else None
         verdict = on_replica_exit(role_of(spec), code, self.restarts, self.restart_budget)
         if verdict.action is not Action.RESTART:
-            self._log_tail(name, gone=pod is None)  # what the lost replica said, before the job fails over it
-            raise StageFailed(self._failure(f"{name} {verdict.reason}"), code if code is not None else 1)
+            said = self._log_tail(name, gone=pod is None)  # what the lost replica said, before the job fails over it
+            raise StageFailed(self._failure(f"{name} {verdict.reason}"), code if code is not None else 1,
+                              cause=failure_cause(said))
         self.restarts += 1
         self.log.warning("%s %s", name, verdict.reason)
         self._log_tail(name, gone=pod is None)
@@ -301,6 +304,16 @@ class KubernetesJob:
         else:
             self.log.info("--- %s: no log (the container never started) ---", name)
         return lines
+
+    def _cause_of(self, name: str) -> str | None:
+        """The failed chief's own error, from its whole log (the follower may not have caught up with it)."""
+        try:
+            lines = read_log_lines(self.core, name, self.namespace, "chief", self.log, tail_lines=CAUSE_LOG_LINES,
+                                   sleep=self.sleep)
+        except (ApiException, ApiUnavailable) as exc:
+            self.log.warning("could not read the log of %s for its cause: %s", name, exc)
+            return None
+        return failure_cause(lines)
 
     def _failure(self, reason: str) -> str:
         self.log.error("training job failed: %s", reason)

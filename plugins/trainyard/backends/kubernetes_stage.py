@@ -19,7 +19,7 @@ from kubernetes.client import models as k8s
 
 from trainyard.backends.kubernetes_api import read_raw_log
 from trainyard.native_noise import is_native_noise
-from trainyard_contract.runtime import result_from_log
+from trainyard_contract.runtime import failure_cause, result_from_log
 from trainyard_contract.schema import PipelineConfig
 
 RESULT_LOG_LINES = 2000
@@ -27,7 +27,7 @@ TERMINATION_GRACE_SECONDS = 30
 
 
 class StageResult(KubernetesPodOperatorCallback):
-    """Reads the stage's result line and exit code off the finished pod, before KPO's cleanup deletes it."""
+    """Reads the stage's result line, exit code and cause off the finished pod, before KPO's cleanup deletes it."""
 
     @staticmethod
     def on_pod_completion(*, pod: k8s.V1Pod, client: Any, operator: Any, **kwargs: Any) -> None:
@@ -36,6 +36,7 @@ class StageResult(KubernetesPodOperatorCallback):
         lines = read_raw_log(client, name=pod.metadata.name, namespace=pod.metadata.namespace,
                              container=operator.base_container_name, tail_lines=RESULT_LOG_LINES)
         operator.stage_result = result_from_log(lines)
+        operator.stage_cause = failure_cause(lines)
         for status in (pod.status.container_statuses or []) if pod.status else []:
             if status.name == operator.base_container_name and status.state and status.state.terminated:
                 operator.stage_exit_code = status.state.terminated.exit_code
@@ -46,6 +47,7 @@ class StagePodOperator(KubernetesPodOperator):
 
     stage_result: dict[str, Any] | None = None
     stage_exit_code: int | None = None
+    stage_cause: str | None = None  # the stage's own error (trainyard_contract.runtime.CauseTracker)
 
     @cached_property
     def pod_manager(self) -> PodManager:

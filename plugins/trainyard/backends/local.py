@@ -32,7 +32,7 @@ from trainyard.podspec import SCRATCH_NAME, VOLUME_NAME
 from trainyard.registry import images as registry_images
 from trainyard_contract.cluster_spec import ROLES, Replicas, local_hosts
 from trainyard_contract.replica_policy import Action, on_replica_exit
-from trainyard_contract.runtime import XCOM_DIR, XCOM_RETURN
+from trainyard_contract.runtime import XCOM_DIR, XCOM_RETURN, CauseTracker, failure_cause
 from trainyard_contract.schema import PipelineConfig
 
 TAIL_LINES = 40
@@ -103,6 +103,7 @@ class LocalProcess:
         self.env = _env_for(container, mapper)
         self.env["TMPDIR"] = str(work_dir / "scratch")
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.cause = CauseTracker()  # the stage's own error, however far above the tail it was printed
         self.process: subprocess.Popen[str] | None = None
         self.output: Path | None = None
 
@@ -143,6 +144,7 @@ class LocalProcess:
             if is_native_noise(line):
                 continue
             self.tail.append(line)
+            self.cause.feed(line)
             log.info("%s %s", prefix, line)
         return self.process.wait()
 
@@ -164,6 +166,14 @@ class LocalProcess:
         if not self.xcom_file.is_file():
             return None
         return json.loads(self.xcom_file.read_text())
+
+
+def replica_cause(proc: LocalProcess | None) -> str | None:
+    """The cause a replica that failed the job printed, read from its whole log file."""
+    if proc is None or proc.output is None or not proc.output.is_file():
+        return None
+    with proc.output.open(errors="replace") as lines:
+        return failure_cause(lines)
 
 
 class LocalLauncher:
@@ -192,7 +202,8 @@ class LocalLauncher:
             if code != 0:
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
                 tail = "\n".join(f"    {line}" for line in proc.tail)
-                raise StageFailed(f"pod {proc.name} {how}; last {len(proc.tail)} lines of its output:\n{tail}", code)
+                raise StageFailed(f"pod {proc.name} {how}; last {len(proc.tail)} lines of its output:\n{tail}", code,
+                                  cause=proc.cause.cause)
             return proc.read_xcom()
 
     def kill(self) -> None:
@@ -248,8 +259,9 @@ class LocalLauncher:
                 sections = ["--- chief (last lines) ---", *list(chief.tail)[-20:]]
                 for proc in others:
                     sections += [f"--- {proc.name} (last lines, full log: {proc.output}) ---", *proc.log_tail()]
+                cause = chief.cause.cause if monitor.fatal is None else replica_cause(monitor.fatal_proc)
                 raise StageFailed(f"training job failed: {reason}\n" + "\n".join(sections),
-                                  code if monitor.fatal is None else monitor.fatal_code)
+                                  code if monitor.fatal is None else monitor.fatal_code, cause=cause)
             log.info("training job finished; worker restarts: %d", monitor.restarts)
             result = chief.read_xcom()
             if result is not None:
@@ -281,6 +293,7 @@ class JobMonitor(threading.Thread):
         self.restarts = 0
         self.fatal: str | None = None
         self.fatal_code: int | None = None
+        self.fatal_proc: LocalProcess | None = None
         self._finished: set[str] = set()
         self._stopping = threading.Event()
 
@@ -298,7 +311,7 @@ class JobMonitor(threading.Thread):
                     self.log.warning("%s %s", proc.name, verdict.reason)
                     proc.start(output=proc.output)
                 else:
-                    self.fatal, self.fatal_code = f"{proc.name} {verdict.reason}", code
+                    self.fatal, self.fatal_code, self.fatal_proc = f"{proc.name} {verdict.reason}", code, proc
                     self.log.error("%s; stopping the job", self.fatal)
                     self.on_fatal()
                     return
