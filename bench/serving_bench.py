@@ -3,7 +3,8 @@
 Targets: p99 of each API with 8 concurrent clients <= 3x the in-process p50 + 2 ms; zero failed requests while 20
 new versions are published (by the deploy step's own publish()) under that load; REST p99 while 200 slow clients
 hold connections open <= 2x the idle p99; server RSS after 20,000 predicts and 20 version swaps within 1.25x of
-the RSS before them (no leak).
+the RSS before them (no leak); with 8 clients that never read their ~18 MB answers, the server's RSS and open
+connections back within 1.1x of idle 5 s after the write timeout.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # 
 
 from tests.integration.serving_helpers import Server, export_tiny_model  # noqa: E402
 from trainyard_contract import layout  # noqa: E402
-from trainyard_serving.deploy import publish  # noqa: E402
+from trainyard_serving.publishing import publish  # noqa: E402
 
 CLIENTS = 8
 
@@ -73,11 +74,15 @@ def load(call, seconds: float, clients: int = CLIENTS) -> tuple[list[float], int
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--slow-readers-only", action="store_true", help="only the slow-reader figures")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         saved = export_tiny_model(root / "export")
         publish(root / layout.MODELS / "tiny", saved, {"run_id": "bench"})
+        if args.slow_readers_only:
+            slow_readers(root)
+            return 0
         server = Server(root / layout.MODELS).start(root / "server.log")
         try:
             signature = tf.saved_model.load(str(saved)).signatures["serving_default"]
@@ -133,7 +138,81 @@ def main() -> int:
             channel.close()
         finally:
             server.stop()
+        slow_readers(root)
     return 0
+
+
+def connections(port: int) -> int:
+    """Established TCP connections on the server's side of `port`."""
+    import subprocess
+
+    out = subprocess.run(["ss", "-tnH", "state", "established", f"sport = :{port}"], capture_output=True, text=True,
+                         check=True).stdout
+    return len(out.splitlines())
+
+
+def slow_readers(root: Path, readers: int = 8, rows: int = 280_000, write_timeout: float = 5.0) -> None:
+    """Server RSS and open connections: idle (after the same load served to clients that read), while `readers`
+    clients sit on ~18 MB answers they never read, and 5 s after the write timeout dropped the last of them (side
+    by side, one server)."""
+    import socket
+
+    server = Server(root / layout.MODELS, "--max-batch", str(rows), "--max-body-bytes", str(64 << 20),
+                    "--write-timeout", str(write_timeout)).start(root / "slow-readers.log")
+    try:
+        body = json.dumps({"inputs": {"a": [1.0] * rows, "b": [0.0] * rows}}).encode()
+        url = server.url("/v1/models/tiny:predict")
+        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        sizes: list[int] = []
+
+        def read_one() -> None:
+            with urllib.request.urlopen(request, timeout=300) as response:
+                sizes.append(len(response.read()))
+
+        started = time.monotonic()
+        read_one()
+        one = time.monotonic() - started
+        # the same 8-way load read normally first: TensorFlow keeps per-thread caches after it either way, so idle
+        # is the server at rest after serving it to clients that read their answers
+        warm = [threading.Thread(target=read_one) for _ in range(readers)]
+        for thread in warm:
+            thread.start()
+        for thread in warm:
+            thread.join()
+        answer = sizes[0]
+        time.sleep(2)
+        idle_rss, idle_conns = rss_mib(server.process.pid), connections(server.rest_port)
+        head = (f"POST /v1/models/tiny:predict HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+                .encode())
+        sockets = []
+        started = time.monotonic()
+        for _ in range(readers):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", server.rest_port))
+            sock.sendall(head + body)
+            sockets.append(sock)
+        peak_rss, peak_conns, conns = idle_rss, 0, -1
+        while time.monotonic() - started < 300:
+            time.sleep(0.5)
+            conns = connections(server.rest_port)
+            peak_rss, peak_conns = max(peak_rss, rss_mib(server.process.pid)), max(peak_conns, conns)
+            if conns == 0:
+                break
+        dropped = time.monotonic() - started
+        time.sleep(5)
+        after_rss, after_conns = rss_mib(server.process.pid), connections(server.rest_port)
+        for sock in sockets:
+            sock.close()
+        gone = (f"all dropped {dropped:.1f} s after sending" if conns == 0
+                else f"{conns} still open {dropped:.0f} s after sending")
+        print(f"  {readers} clients not reading {answer / 1e6:.1f} MB answers (one answer takes {one:.1f} s; write "
+              f"timeout {write_timeout:g} s): connections {idle_conns} idle, {peak_conns} at most, {gone}, "
+              f"{after_conns} 5 s later; RSS idle {idle_rss:.0f} MiB, peak "
+              f"{peak_rss:.0f} MiB, 5 s after that {after_rss:.0f} MiB ({after_rss / idle_rss:.2f}x idle; "
+              "target <= 1.1x)")
+    finally:
+        server.stop()
 
 
 def rss_mib(pid: int) -> float:

@@ -241,6 +241,10 @@ class DataConfig(Strict):
     format: Literal["csv", "parquet"] = Field(
         "csv", description="csv (a header line) or parquet; each partition's files end in .csv / .parquet")
     partition_key: Identifier = "date"
+    symlinks: Literal["refuse", "copy"] = Field(
+        "refuse", description="a symbolic link in the dataset folder (a partition or a file) may point outside the "
+        "volume, and what it points to may change after the run pinned it: `refuse` (the run fails, naming the "
+        "link) or `copy` (what it points to is copied into the run's inputs and hashed as what it really is)")
     window: Window | None = None
     label: Label
     features: list[Feature] = Field(min_length=1)

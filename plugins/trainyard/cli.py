@@ -193,10 +193,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from trainyard import local_run
 
     notes: list[str] = []
+    lock = None
     problem = local_run.airflow_home_problem() or local_run.shim_problem(config.name)
     if problem is None:
-        problem, notes = local_run.stale_run_problem(config.name)
-    if problem is not None:
+        problem, notes, lock = local_run.stale_run_problem(config.name)
+    if problem is not None or lock is None:
         print(f"trainyard run: {problem.message}", file=sys.stderr)
         return EXIT_FAILED
     for note in notes:
@@ -205,7 +206,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     logical_date = run_after.replace(microsecond=0)
     run_id = DagRun.generate_run_id(run_type=DagRunType.MANUAL, logical_date=logical_date, run_after=run_after)
     log_path = run_log_path(config.name, logical_date)
-    lock = local_run.RunLock.for_pipeline(config.name)
     lock.take(run_id)
     previous = signal.signal(signal.SIGINT, local_run.interrupt_handler)
     state = "failed"
@@ -223,7 +223,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"trainyard run: {config.name} run {run_id} finished: {state}")
     if local_run.INTERRUPTED:
         print("trainyard run: stopped by Ctrl-C: the running stage's processes were stopped and the run marked "
-              "failed; nothing was published")
+              f"failed; {local_run.publish_note(run_dir)}")
     elif state != "success" and dag_run is not None:
         for line in local_run.failure_summary(dag_run):
             print(f"trainyard run: {line}")
@@ -341,15 +341,39 @@ def server_alive() -> bool:
         return False
 
 
-def stop_server() -> int:
+def stop_server(wait_seconds: float = 30.0) -> int:
+    """SIGTERM the background server and return once it is gone (SIGKILL after `wait_seconds`), so a port it
+    held is free and its models closed when this prints "stopped"."""
     import os
     import signal
+    import time
 
-    if server_alive():
-        os.kill(int(serving_pid_file().read_text().strip()), signal.SIGTERM)
-        print("trainyard serve: stopped")
+    if not server_alive():
+        serving_pid_file().unlink(missing_ok=True)
+        print("trainyard serve: no server was running")
+        return EXIT_OK
+    pid = int(serving_pid_file().read_text().strip())
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_seconds
+    while process_exists(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if process_exists(pid):
+        os.kill(pid, signal.SIGKILL)
+        while process_exists(pid) and time.monotonic() < deadline + 10:
+            time.sleep(0.1)
+        print(f"trainyard serve: the server (pid {pid}) did not stop within {wait_seconds:g} s of SIGTERM; killed it")
     serving_pid_file().unlink(missing_ok=True)
+    print(f"trainyard serve: stopped (pid {pid})")
     return EXIT_OK
+
+
+def process_exists(pid: int) -> bool:
+    """True while `pid` runs (a zombie, already dead but not yet reaped, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

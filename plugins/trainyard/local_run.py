@@ -186,6 +186,29 @@ def interrupt_handler(signum: int, frame: Any) -> None:
     raise Interrupted()
 
 
+def publish_note(run_dir: Path) -> str:
+    """What the deploy step of an interrupted run did, from its journal (`deploy/result.json`)."""
+    import json
+
+    from trainyard_contract import layout
+
+    try:
+        journal = json.loads((run_dir / layout.DEPLOY_RESULT).read_text())
+    except (OSError, ValueError):
+        return "nothing was published"
+    state, version = journal.get("state"), journal.get("version")
+    if state == "verified":
+        return f"version {version} had been published and verified before the stop"
+    if state == "interrupted":
+        return journal.get("reason") or f"version {version} was published and not verified"
+    if state == "published":
+        return (f"version {version} was published and NOT verified; the next deploy or server start removes it "
+                "(see deploy/result.json)")
+    if state == "rolled_back":
+        return f"version {version} was published, failed its checks and was removed"
+    return "nothing was published"
+
+
 def mark_failed(dag_id: str, run_id: str) -> int:
     """End a run that nobody will finish: its unfinished task instances and the run itself become failed, so
     `max_active_runs` no longer counts it and unpausing the DAG does not resume it. Returns the tasks changed."""
@@ -208,17 +231,41 @@ def mark_failed(dag_id: str, run_id: str) -> int:
     return changed
 
 
-@dataclass(frozen=True)
 class RunLock:
-    """`<AIRFLOW_HOME>/trainyard-run/<pipeline>.json`: which process runs which run of a pipeline right now."""
+    """Which process runs which run of a pipeline right now: `<AIRFLOW_HOME>/trainyard-run/<pipeline>.lock`, held
+    with an exclusive `flock` for as long as the `trainyard run` lives (the kernel drops it when the process dies,
+    however it dies), and `<pipeline>.json` beside it naming the process and the run. Taking the lock is one atomic
+    step, so two runs started together cannot both pass. The lock file itself is never deleted: a process could
+    otherwise lock a deleted file while another locks its replacement."""
 
-    path: Path
+    def __init__(self, path: Path):
+        self.path = path  # the holder's JSON
+        self._fd: int | None = None
 
     @classmethod
     def for_pipeline(cls, pipeline: str) -> RunLock:
         from airflow import settings as airflow_settings
 
         return cls(Path(airflow_settings.AIRFLOW_HOME) / "trainyard-run" / f"{pipeline}.json")
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_suffix(".lock")
+
+    def acquire(self) -> bool:
+        """Take the lock without waiting; False while another live process holds it."""
+        import fcntl
+        import os
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
 
     def holder(self) -> dict[str, Any] | None:
         import json
@@ -229,15 +276,23 @@ class RunLock:
             return None
 
     def take(self, run_id: str) -> None:
+        """Record this process and run as the holder (the lock must be held)."""
         import json
         import os
 
         from trainyard_contract.atomic import write_bytes
 
+        if self._fd is None and not self.acquire():
+            raise RuntimeError(f"{self.lock_path} is held by another process")
         write_bytes(self.path, json.dumps({"pid": os.getpid(), "run_id": run_id}).encode())
 
     def release(self) -> None:
+        import os
+
         self.path.unlink(missing_ok=True)
+        if self._fd is not None:
+            os.close(self._fd)  # drops the flock
+            self._fd = None
 
 
 def alive(pid: int) -> bool:
@@ -252,24 +307,24 @@ def alive(pid: int) -> bool:
     return True
 
 
-def stale_run_problem(pipeline: str) -> tuple[Problem | None, list[str]]:
-    """(a Problem when another `trainyard run` of the pipeline is alive, notes about a run a dead one left).
+def stale_run_problem(pipeline: str) -> tuple[Problem | None, list[str], RunLock | None]:
+    """(a Problem when another `trainyard run` of the pipeline is alive, notes about a run a dead one left, the
+    pipeline's run lock, now held by this process, when there is no Problem).
 
     A `trainyard run` that was killed (SIGKILL, a closed terminal) leaves its run `running` in the metadata
     database; with `max_active_runs: 1` that blocks the pipeline's next runs, and unpausing the DAG would resume
     it. Such a run is marked failed here, and said so."""
     lock = RunLock.for_pipeline(pipeline)
+    if not lock.acquire():
+        holder = lock.holder() or {}
+        return Problem(f"another `trainyard run {pipeline}` is running (pid {holder.get('pid', '?')}, run "
+                       f"{holder.get('run_id', '?')}); wait for it, or stop it with Ctrl-C"), [], None
     holder = lock.holder()
-    if holder is None:
-        return None, []
-    if alive(int(holder.get("pid", 0))):
-        return Problem(f"another `trainyard run {pipeline}` is running (pid {holder['pid']}, run "
-                       f"{holder.get('run_id')}); wait for it, or stop it with Ctrl-C"), []
     notes = []
-    run_id = holder.get("run_id")
+    run_id = holder.get("run_id") if holder else None
     if run_id:
         changed = mark_failed(pipeline, run_id)
-        notes.append(f"run {run_id} was left running by a `trainyard run` that died (pid {holder['pid']}); marked "
-                     f"it failed ({changed} unfinished task(s))")
-    lock.release()
-    return None, notes
+        notes.append(f"run {run_id} was left running by a `trainyard run` that died (pid {holder.get('pid')}); "
+                     f"marked it failed ({changed} unfinished task(s))")
+    lock.path.unlink(missing_ok=True)
+    return None, notes, lock

@@ -40,6 +40,29 @@ def export_tiny_model(target: Path, bias: float = 0.0) -> Path:
     return target
 
 
+MIXED_SCHEMA = {"features": [{"name": "a", "dtype": "float"}, {"name": "n", "dtype": "int"},
+                              {"name": "z", "dtype": "float", "nullable": True, "impute": 0.5}],
+                "label": {"name": "y", "dtype": "int", "encoding": "class_index", "classes": [0, 1]}}
+
+
+def export_mixed_model(target: Path) -> Path:
+    """A 3-feature model (a: float, n: int, z: nullable float) exported exactly as the trainer exports it."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from trainyard_trainer.export import ServingModule
+    from trainyard_trainer.model_schema import ModelSchema
+
+    inputs = {"numeric": keras.Input(shape=(3,), name="numeric")}
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs["numeric"]))
+    model.set_weights([np.array([[1.0, -1.0], [0.01, -0.01], [1.0, -1.0]], dtype="float32"),
+                       np.zeros(2, dtype="float32")])
+    module = ServingModule(model, ModelSchema.from_document(MIXED_SCHEMA))
+    tf.saved_model.save(module, str(target), signatures={"serving_default": module.serve})
+    return target
+
+
 class Server:
     def __init__(self, models: Path, *extra: str, grpc_port: int | None = None):
         """`extra`: more `serve` flags (limits); `grpc_port`: a port to reuse (another server's, in a test)."""

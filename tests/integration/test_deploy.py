@@ -15,7 +15,8 @@ from tests.integration.serving_helpers import Server, export_tiny_model, http, w
 from trainyard_contract import layout
 from trainyard_contract.runtime import StageError
 from trainyard_contract.schema import PipelineConfig
-from trainyard_serving.deploy import DeployFailed, deploy, publish
+from trainyard_serving.deploy import DeployFailed, deploy
+from trainyard_serving.publishing import publish
 
 pytestmark = pytest.mark.integration
 
@@ -56,10 +57,112 @@ def test_deploy_publishes_waits_and_smoke_tests(volume: tuple[Path, Server]) -> 
     result = deploy(CONFIG, root, run_dir, "r1", server.grpc)
     assert result["deployed"] and result["version"] == 1
     meta = json.loads((root / layout.MODELS / "tiny" / "1" / layout.VERSION_METADATA).read_text())
-    assert meta["run_id"] == "r1" and meta["metrics"] == {"accuracy": 1.0} and meta["published_by"] == "hardlink"
-    source = run_dir / layout.SAVED_MODEL / layout.SAVED_MODEL_PB
-    assert os.stat(source).st_ino == os.stat(root / layout.MODELS / "tiny" / "1" / layout.SAVED_MODEL_PB).st_ino
+    assert meta["run_id"] == "r1" and meta["metrics"] == {"accuracy": 1.0} and meta["published_by"] == "copy"
     assert http("GET", server.url("/v1/models/tiny"))[1]["model_version_status"][0]["version"] == "1"
+    journal = json.loads((run_dir / layout.DEPLOY_RESULT).read_text())
+    assert journal["state"] == "verified" and journal["verified"] is True
+    assert not list((root / layout.MODELS / "tiny").glob(".unverified-*"))
+
+
+def test_published_files_are_read_only_copies_shared_with_nothing(tmp_path: Path) -> None:
+    """Was: every version published from one run hardlinked the run's export, so one edit changed them all."""
+    saved = export_tiny_model(tmp_path / layout.SAVED_MODEL.name)
+    models = tmp_path / layout.MODELS / "tiny"
+    first, second = publish(models, saved, {}), publish(models, saved, {})
+    source = saved / layout.SAVED_MODEL_PB
+    inodes = {os.stat(models / str(v) / layout.SAVED_MODEL_PB).st_ino for v in (first, second)}
+    assert len(inodes) == 2 and os.stat(source).st_ino not in inodes
+    for path in (models / str(first)).rglob("*"):
+        if path.is_file():
+            assert path.stat().st_mode & 0o222 == 0, path  # no write bit for anyone
+    source.write_bytes(b"edited in the run folder")
+    assert (models / str(first) / layout.SAVED_MODEL_PB).read_bytes() != b"edited in the run folder"
+
+
+def test_version_numbers_are_never_reused_after_a_rollback(tmp_path: Path) -> None:
+    from trainyard_serving.publishing import unpublish
+
+    saved = export_tiny_model(tmp_path / layout.SAVED_MODEL.name)
+    models = tmp_path / layout.MODELS / "tiny"
+    assert [publish(models, saved, {}) for _ in range(3)] == [1, 2, 3]
+    unpublish(models, 3)
+    unpublish(models, 2)
+    assert publish(models, saved, {}) == 4  # was 2 again: "version 2" then named two different models
+
+
+KILL_AFTER_RENAME = """
+import os, signal, sys
+from pathlib import Path
+from trainyard_contract.schema import PipelineConfig
+from trainyard_serving import deploy as stage
+CONFIG = PipelineConfig.model_validate({
+    "name": "tiny", "deploy": {"model_name": "tiny"},
+    "data": {"source": "d", "label": {"name": "y", "classes": [0, 1]}, "features": [{"name": "a"}, {"name": "b"}]}})
+how = sys.argv[4]
+def available(*args, **kwargs):
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise KeyboardInterrupt
+stage.wait_available = available
+stage.deploy(CONFIG, Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[2], sys.argv[3])
+"""
+
+
+def kill_during_verification(root: Path, run_dir: Path, server: Server, how: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", KILL_AFTER_RENAME, str(root), str(run_dir), server.grpc, how],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def test_ctrl_c_after_publishing_is_recorded_and_withdrawn(volume: tuple[Path, Server]) -> None:
+    """Was: Ctrl-C right after the rename left the version served, never verified, with no deploy/result.json."""
+    root, server = volume
+    run_dir = fake_run(root, "r1", {**SMOKE, "probabilities": expected_probabilities()})
+    done = kill_during_verification(root, run_dir, server, "ctrl-c")
+    assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr
+    journal = json.loads((run_dir / layout.DEPLOY_RESULT).read_text())
+    assert journal["state"] == "interrupted" and journal["version"] == 1 and journal["rolled_back"] is True
+    assert "interrupted by Ctrl-C after version 1 was published, before it was verified" in journal["reason"]
+    models = root / layout.MODELS / "tiny"
+    assert layout.published_versions(models) == [] and not list(models.glob(".unverified-*"))
+
+
+def test_a_deploy_killed_after_publishing_is_verified_by_its_retry(volume: tuple[Path, Server]) -> None:
+    """SIGKILL between the rename and the smoke test: the journal says published, not verified; the retry of the
+    same run verifies that version instead of publishing the model a second time."""
+    root, server = volume
+    run_dir = fake_run(root, "r1", {**SMOKE, "probabilities": expected_probabilities()})
+    assert kill_during_verification(root, run_dir, server, "sigkill").returncode == -9
+    journal = json.loads((run_dir / layout.DEPLOY_RESULT).read_text())
+    assert journal["state"] == "published" and journal["verified"] is False and journal["version"] == 1
+    models = root / layout.MODELS / "tiny"
+    assert (models / ".unverified-1").is_file()
+    result = deploy(CONFIG, root, run_dir, "r1", server.grpc)
+    assert result["deployed"] and result["version"] == 1 and layout.published_versions(models) == [1]
+    assert not (models / ".unverified-1").exists()
+    again = deploy(CONFIG, root, run_dir, "r1", server.grpc)  # a retry after success publishes nothing
+    assert again["version"] == 1 and again["by_earlier_attempt"] and layout.published_versions(models) == [1]
+
+
+def test_an_unverified_leftover_is_removed_by_another_deploy_and_by_a_server_start(volume: tuple[Path, Server],
+                                                                                   tmp_path: Path) -> None:
+    root, server = volume
+    models = root / layout.MODELS / "tiny"
+    good = fake_run(root, "good", {**SMOKE, "probabilities": expected_probabilities()})
+    deploy(CONFIG, root, good, "good", server.grpc)
+    killed = fake_run(root, "killed", {**SMOKE, "probabilities": expected_probabilities()})
+    assert kill_during_verification(root, killed, server, "sigkill").returncode == -9
+    assert layout.published_versions(models) == [1, 2]
+    server.stop()
+    restarted = Server(root / layout.MODELS).start(tmp_path / "restarted.log")
+    try:
+        assert layout.published_versions(models) == [1]  # removed before anything was served
+        assert "whose deploy died before verifying it" in (tmp_path / "restarted.log").read_text()
+        assert kill_during_verification(root, killed, restarted, "sigkill").returncode == -9  # version 3
+        other = fake_run(root, "other", {**SMOKE, "probabilities": expected_probabilities()})
+        result = deploy(CONFIG, root, other, "other", restarted.grpc)
+        assert result["version"] == 4 and layout.published_versions(models) == [1, 4]
+    finally:
+        restarted.stop()
 
 
 @pytest.mark.parametrize("decision", [
@@ -112,7 +215,7 @@ def test_a_model_that_cannot_load_is_rolled_back(volume: tuple[Path, Server]) ->
 def test_racing_deploys_get_distinct_versions(tmp_path: Path) -> None:
     saved = export_tiny_model(tmp_path / layout.SAVED_MODEL.name)
     models = tmp_path / layout.MODELS / "tiny"
-    code = ("import sys; from pathlib import Path; from trainyard_serving.deploy import publish; "
+    code = ("import sys; from pathlib import Path; from trainyard_serving.publishing import publish; "
             "print(publish(Path(sys.argv[1]), Path(sys.argv[2]), {'run_id': sys.argv[3]}))")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     racers = [subprocess.Popen([sys.executable, "-c", code, str(models), str(saved), f"r{i}"], env=env,
@@ -127,11 +230,11 @@ def test_a_publish_killed_midway_leaves_nothing_after_the_next_one(tmp_path: Pat
     """SIGKILL a publisher while it assembles its version; the next publish removes what it left, under the lock."""
     saved = export_tiny_model(tmp_path / layout.SAVED_MODEL.name)
     models = tmp_path / layout.MODELS / "tiny"
-    code = ("import os, signal, sys; from pathlib import Path; from trainyard_serving import deploy\n"
-            "real = deploy.fsync_tree\n"
+    code = ("import os, signal, sys; from pathlib import Path; from trainyard_serving import publishing\n"
+            "real = publishing.fsync_tree\n"
             "def die(path): real(path); os.kill(os.getpid(), signal.SIGKILL)\n"
-            "deploy.fsync_tree = die\n"
-            "deploy.publish(Path(sys.argv[1]), Path(sys.argv[2]), {})")
+            "publishing.fsync_tree = die\n"
+            "publishing.publish(Path(sys.argv[1]), Path(sys.argv[2]), {})")
     killed = subprocess.run([sys.executable, "-c", code, str(models), str(saved)], timeout=120,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert killed.returncode == -9
@@ -139,13 +242,13 @@ def test_a_publish_killed_midway_leaves_nothing_after_the_next_one(tmp_path: Pat
     assert len(leftovers) == 1 and layout.published_versions(models) == []  # half a version, never visible
     (models / ".removed-7-deadbeef").mkdir()  # an unpublish that died while deleting
     assert publish(models, saved, {}) == 1
-    assert sorted(p.name for p in models.iterdir()) == [".publish.lock", "1"]
+    assert sorted(p.name for p in models.iterdir()) == [".last-version", ".publish.lock", "1"]
 
 
 def test_a_version_is_on_disk_before_it_is_visible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every staged file and folder is fsynced before the rename that publishes it, the model folder after."""
     import trainyard_contract.atomic as atomic
-    import trainyard_serving.deploy as deploy_module
+    import trainyard_serving.publishing as publishing_module
 
     saved = export_tiny_model(tmp_path / layout.SAVED_MODEL.name)
     models = tmp_path / layout.MODELS / "tiny"
@@ -161,7 +264,7 @@ def test_a_version_is_on_disk_before_it_is_visible(tmp_path: Path, monkeypatch: 
         real_rename(src, dst)
 
     monkeypatch.setattr(atomic.os, "fsync", fsync)
-    monkeypatch.setattr(deploy_module.os, "rename", rename)
+    monkeypatch.setattr(publishing_module.os, "rename", rename)
     assert publish(models, saved, {"run_id": "r"}) == 1
 
     (at,) = [i for i, (kind, what) in enumerate(events) if kind == "rename" and what.endswith(f"{models}/1")]

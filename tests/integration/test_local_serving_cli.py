@@ -49,3 +49,18 @@ def test_two_checkouts_each_get_their_own_server_or_a_clear_refusal(pipelines_di
         assert "the evaluator expected class id 0" in answered.stdout
     finally:
         trainyard(first, "serve", "--stop")
+
+
+def test_serve_stop_returns_once_the_server_is_gone(pipelines_dir: Path, tmp_path: Path) -> None:
+    """Was: "stopped" was printed while the process still ran (and held its ports) for seconds."""
+    data = tmp_path / "volume"
+    export_tiny_model(data / layout.MODELS / "tiny" / "1")
+    ports = ("--grpc-port", str(free_port()), "--rest-port", str(free_port()))
+    started = trainyard(data, "serve", "--background", *ports)
+    assert started.returncode == 0, started.stderr
+    pid = int((data / "serving.pid").read_text())
+    stopped = trainyard(data, "serve", "--stop")
+    assert stopped.returncode == 0
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+    assert f"stopped (pid {pid})" in stopped.stdout
+    assert "no server was running" in trainyard(data, "serve", "--stop").stdout

@@ -97,6 +97,49 @@ def test_a_run_keeps_its_pinned_inputs_when_new_partitions_land(digits: tuple[Pi
     assert len(later["files"]) == len(first["files"]) + 1
 
 
+def link_an_outside_partition(volume: Path, outside: Path) -> Path:
+    """Move the newest partition outside the volume and leave a symbolic link in its place."""
+    newest = sorted((volume / layout.DATASETS / "digits").glob("date=*"))[-1]
+    newest.rename(outside / newest.name)
+    newest.symlink_to(outside / newest.name, target_is_directory=True)
+    return outside / newest.name
+
+
+def test_a_symlinked_partition_is_refused_with_its_path(digits: tuple[PipelineConfig, Path], tmp_path: Path) -> None:
+    """Was: a partition symlinked from outside was trained on, "pinned" as a link whose target could change."""
+    config, volume = digits
+    link_an_outside_partition(volume, tmp_path)
+    run_dir = volume / layout.RUNS / "digits" / "r1"
+    with pytest.raises(StageError, match=r"date=2026-11-30 is a symbolic link \(to .*\): a dataset must stay inside"):
+        pin_inputs(volume, run_dir, config.data, None)
+    assert not (run_dir / layout.INPUTS).exists()
+    one_file = first_file(volume)
+    moved = tmp_path / "part.csv"
+    one_file.rename(moved)
+    one_file.symlink_to(moved)
+    with pytest.raises(StageError, match=r"part-0.csv is a symbolic link"):
+        pin_inputs(volume, run_dir, config.data, None)
+
+
+def test_with_symlinks_copy_the_target_is_pinned_as_a_copy(digits: tuple[PipelineConfig, Path],
+                                                           tmp_path: Path) -> None:
+    config, volume = digits
+    target = link_an_outside_partition(volume, tmp_path)
+    data = config.data.model_copy(update={"symlinks": "copy"})
+    run_dir = volume / layout.RUNS / "digits" / "r1"
+    manifest = pin_inputs(volume, run_dir, data, None)
+    linked = [f for f in manifest["files"] if f["partition"] == "2026-11-30"]
+    assert linked and all(f["pinned_by"] == "copy" and f["symlink_target"].startswith(str(target)) for f in linked)
+    assert all(f["pinned_by"] == "hardlink" and "symlink_target" not in f for f in manifest["files"] if f not in linked)
+    outside_file = target / Path(linked[0]["snapshot"]).name
+    pinned = run_dir / linked[0]["snapshot"]
+    assert not pinned.is_symlink() and pinned.stat().st_ino != outside_file.stat().st_ino
+    before = pinned.read_bytes()
+    outside_file.write_text("edited outside the volume\n")
+    assert pinned.read_bytes() == before  # the snapshot no longer changes with the link's target
+    assert hashlib.sha256(before).hexdigest() == linked[0]["sha256"]
+
+
 def corrupt(path: Path, how: str) -> None:
     lines = path.read_text().splitlines()
     if how == "missing column":

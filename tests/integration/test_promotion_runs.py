@@ -21,7 +21,8 @@ from trainyard_contract import layout
 from trainyard_contract.runtime import result_from_log
 from trainyard_contract.schema import PipelineConfig
 from trainyard_prep.example_data import write_churn
-from trainyard_serving.deploy import lineage, publish
+from trainyard_serving.deploy import lineage
+from trainyard_serving.publishing import publish
 
 pytestmark = pytest.mark.integration
 

@@ -2,6 +2,11 @@
 
 The snapshot makes re-runs (retries, clears) read exactly the same bytes even after new partitions land, without
 copying data: hardlinks share the blocks on the same volume.
+
+Symbolic links are not followed silently: a hardlink of a symlink is the link itself, so the "snapshot" would
+change whenever its target did, and the target may be outside the volume. A link in the dataset folder (the
+folder itself, a partition or a file) fails the run with the link named, or with `data.symlinks: copy` its
+target is copied into the snapshot and the manifest says so (`pinned_by: copy`, `symlink_target`).
 """
 
 from __future__ import annotations
@@ -73,7 +78,30 @@ def sha256_file(path: Path, block: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def _link_or_copy(src: Path, dst: Path) -> str:
+def refuse_link(path: Path, source: Path) -> None:
+    target = os.readlink(path)
+    raise StageError(f"{path} is a symbolic link (to {target}): a dataset must stay inside the volume and not "
+                     f"change under a pinned run; copy the data into {source}, or set `data.symlinks: copy` to pin "
+                     "a copy of what the link points to")
+
+
+def linked_path(path: Path, source: Path, symlinks: str) -> str | None:
+    """None for a plain file or folder; the resolved target of a link that may be followed (`copy`)."""
+    if not path.is_symlink():
+        return None
+    if symlinks != "copy":
+        refuse_link(path, source)
+    resolved = path.resolve()
+    if not resolved.exists():
+        raise StageError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist")
+    return str(resolved)
+
+
+def _link_or_copy(src: Path, dst: Path, follow: bool = False) -> str:
+    """`follow`: src is (or lies under) a symbolic link, so its target's bytes are copied."""
+    if follow:
+        shutil.copyfile(src, dst)
+        return "copy"
     try:
         os.link(src, dst)
         return "hardlink"
@@ -95,6 +123,7 @@ def pin_inputs(volume: Path, run_dir: Path, data: DataConfig, window_end: dt.dat
         log.info("inputs already pinned for this run: %s", manifest_path)
         return load_manifest(run_dir)
     source = volume / data.source
+    source_link = linked_path(source, volume, data.symlinks)
     partitions = list_partitions(source, data.partition_key)
     days = data.window.days if data.window else None
     chosen = select_window(partitions, window_end, days)
@@ -108,20 +137,28 @@ def pin_inputs(volume: Path, run_dir: Path, data: DataConfig, window_end: dt.dat
     files: list[dict[str, Any]] = []
     with staged_dir(inputs_dir) as staging:
         for part in chosen:
+            part_link = linked_path(part.path, source, data.symlinks) or source_link
+            for path in sorted(p for p in part.path.iterdir() if p.suffix == f".{data.format}" and p.is_symlink()
+                               and p.name[0] not in "._"):
+                linked_path(path, source, data.symlinks)  # refused here, or a dangling one named
             found = data_files(part.path, f".{data.format}")
             if not found:
                 raise StageError(f"{part.path}: partition has no .{data.format} files")
             (staging / part.path.name).mkdir()
             for path in found:
-                how = _link_or_copy(path, staging / part.path.name / path.name)
-                files.append({
+                target = (str(path.resolve()) if path.is_symlink() or part_link else None)
+                how = _link_or_copy(path, staging / part.path.name / path.name, follow=target is not None)
+                entry = {
                     "source": str(path.relative_to(volume)),
                     "snapshot": f"{layout.INPUTS}/{part.path.name}/{path.name}",
                     "partition": part.day.isoformat(),
-                    "bytes": path.stat().st_size,
+                    "bytes": (staging / part.path.name / path.name).stat().st_size,
                     "sha256": sha256_file(staging / part.path.name / path.name),
                     "pinned_by": how,
-                })
+                }
+                if target is not None:
+                    entry["symlink_target"] = target
+                files.append(entry)
         manifest = {
             "source": data.source,
             "window_end": window_end.isoformat() if window_end else None,

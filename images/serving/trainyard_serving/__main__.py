@@ -60,6 +60,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("serve: %s", exc)
         return EXIT_USAGE
+    settle_leftovers(args.models_dir)
     registry = ModelRegistry(args.models_dir, args.poll_seconds)
     try:  # both ports first: a taken one is an error before anything is served
         grpc_server = grpc_service.make_server(registry, args.host, args.grpc_port, limits)
@@ -91,6 +92,19 @@ def serve(args: argparse.Namespace) -> int:
         registry.stop()
         http_server.server_close()
     return 0
+
+
+def settle_leftovers(models_dir: Path) -> None:
+    """Before serving: remove versions whose deploy died before verifying them (see publishing.py), so a server
+    (re)started after a killed deploy never serves an unchecked model."""
+    from trainyard_serving.publishing import settle_unverified
+
+    if models_dir.is_dir():
+        for model_dir in sorted(p for p in models_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            try:
+                settle_unverified(model_dir)
+            except OSError as exc:  # a read-only mount: serve anyway, the next deploy settles it
+                log.warning("cannot check %s for unverified versions (%s); serving it as it is", model_dir, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,12 +2,18 @@
 and roll back on any failure. The same code deploys to the local server and to TF Serving on Kubernetes: it only
 needs the shared volume and the gRPC endpoint.
 
-1. publish: under an exclusive lock per model, assemble `.tmp-<N+1>-*` beside the versions with hardlinks (no
-   bytes copied), write `trainyard.json` (lineage and metrics), rename it to `<N+1>`. Versions are monotonic even
-   when runs race; a reader (TF Serving polls the folder) never sees a half-written version.
+1. publish (publishing.py): under an exclusive lock per model, copy the export read-only into `.tmp-<N>-*`
+   beside the versions, write `trainyard.json` (lineage and metrics), rename it to `<N>`. N is one more than any
+   number ever published (never reused); a reader (TF Serving polls the folder) never sees a half-written version.
 2. wait until `ModelService.GetModelStatus` reports the version AVAILABLE (a load error fails at once).
 3. smoke test: `PredictionService.Predict` on examples of the eval split, compared with the evaluator's outputs.
-4. on failure: remove the version (TF Serving falls back to the previous one) and say why.
+4. on failure, or when the deploy is interrupted (Ctrl-C, SIGTERM) before the version is verified: remove the
+   version (TF Serving falls back to the previous one) and say why.
+
+`deploy/result.json` is the deploy's journal, rewritten at each step (`state`: publishing, published, verified,
+rolled_back, interrupted), so a deploy killed at any point leaves a true account. A version whose deploy was
+SIGKILLed before verifying it keeps an `.unverified-N` marker: a retry of the same run verifies it instead of
+publishing again; another run's deploy (or the local server's start) removes it.
 
 Before publishing, and while waiting, the deploy checks that the server it talks to serves this volume: one that
 serves versions the volume does not hold is another volume's server, and nothing is published to it.
@@ -15,15 +21,8 @@ serves versions the volume does not hold is another volume's server, and nothing
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import fcntl
 import json
-import os
-import shutil
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,11 @@ from tensorflow_serving.apis import (
 )
 
 from trainyard_contract import layout
-from trainyard_contract.atomic import fsync_dir, fsync_tree, write_json
+from trainyard_contract.atomic import write_json
 from trainyard_contract.layout import published_versions
 from trainyard_contract.runtime import StageError, log
 from trainyard_contract.schema import PipelineConfig
+from trainyard_serving.publishing import UNVERIFIED_PREFIX, Publication, publish_unverified, settle_unverified
 
 AVAILABLE_TIMEOUT_SECONDS = 120.0
 SAME_VOLUME_CHECK_SECONDS = 5.0  # TF Serving sees a new version within a poll (1 s here); then compare volumes
@@ -51,81 +51,6 @@ SMOKE_TOLERANCE = 1e-4  # absolute, per probability
 
 class DeployFailed(Exception):
     """The new version did not become AVAILABLE or failed its smoke test; it was removed again."""
-
-
-@contextlib.contextmanager
-def model_lock(model_dir: Path) -> Iterator[None]:
-    """An exclusive lock per model name on the shared volume, held while a version number is taken."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    with (model_dir / ".publish.lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def link_tree(source: Path, target: Path) -> str:
-    """Recreate `source` under `target` with hardlinks (copies only across filesystems)."""
-    how = "hardlink"
-    for root, _, files in os.walk(source):
-        rel = Path(root).relative_to(source)
-        (target / rel).mkdir(parents=True, exist_ok=True)
-        for name in files:
-            try:
-                os.link(Path(root) / name, target / rel / name)
-            except OSError:
-                shutil.copy2(Path(root) / name, target / rel / name)
-                how = "copy"
-    return how
-
-
-STAGING_PREFIXES = (".tmp-", ".removed-")
-
-
-def remove_stale_staging(model_dir: Path) -> list[str]:
-    """Delete what dead publishers left (`.tmp-*` being assembled, `.removed-*` being deleted). Called with the
-    model lock held: a live publisher only has such a folder while it holds the lock, so these are all dead."""
-    stale = sorted(p.name for p in model_dir.iterdir() if p.is_dir() and p.name.startswith(STAGING_PREFIXES))
-    for name in stale:
-        shutil.rmtree(model_dir / name, ignore_errors=True)
-    if stale:
-        log.warning("removed %d folder(s) a killed publish left in %s: %s", len(stale), model_dir, ", ".join(stale))
-    return stale
-
-
-def publish(model_dir: Path, saved_model: Path, metadata: dict[str, Any]) -> int:
-    """Publish `saved_model` as the next version; returns its number.
-
-    Durable across a crash or power loss: every file and folder of the staged version is fsynced before the
-    rename, and the model folder after it, so a version that is visible is also complete on disk."""
-    if not (saved_model / layout.SAVED_MODEL_PB).is_file():
-        raise StageError(f"{saved_model} holds no {layout.SAVED_MODEL_PB}: did the train task export the model?")
-    with model_lock(model_dir):
-        remove_stale_staging(model_dir)
-        version = (published_versions(model_dir) or [0])[-1] + 1
-        staging = model_dir / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
-        try:
-            how = link_tree(saved_model, staging)
-            write_json(staging / layout.VERSION_METADATA, {**metadata, "version": version, "published_by": how,
-                                                           "published_at": dt.datetime.now(dt.UTC).isoformat()})
-            fsync_tree(staging)
-            os.rename(staging, model_dir / str(version))
-            fsync_dir(model_dir)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-    log.info("published %s version %d", model_dir.name, version)
-    return version
-
-
-def unpublish(model_dir: Path, version: int) -> None:
-    """Remove a version in one rename (serving falls back to the previous one), then delete its files."""
-    path = model_dir / str(version)
-    if path.exists():
-        trash = model_dir / f".removed-{version}-{uuid.uuid4().hex[:8]}"
-        os.rename(path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
 
 
 def served_versions(stub: Any, name: str) -> dict[int, str] | None:
@@ -296,6 +221,23 @@ def refusal(run_dir: Path) -> str | None:
             "was published; trigger a new run with force_deploy to publish regardless")
 
 
+def already_deployed(journal: dict[str, Any], model_dir: Path) -> bool:
+    """An earlier attempt of this run published a version that is still there and was verified (the marker is
+    gone once it is): a retry must not publish the model again."""
+    version = journal.get("version")
+    if journal.get("state") not in ("published", "verified") or not isinstance(version, int):
+        return False
+    return (model_dir / str(version)).is_dir() and not (model_dir / f"{UNVERIFIED_PREFIX}{version}").exists()
+
+
+def read_journal(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def deploy(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str, endpoint: str) -> dict[str, Any]:
     """Publish the run's model as the next version if decide blessed it, wait until served, smoke-test it, and
     roll back on failure. Without the blessing: nothing is published, and the result says why (`skipped`)."""
@@ -305,6 +247,12 @@ def deploy(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str, end
         log.warning("not deploying: %s", why_not)
         return {"deployed": False, "model": name, "skipped": why_not}
     model_dir = layout.models_dir(volume, name)
+    journal_path = run_dir / layout.DEPLOY_RESULT
+    earlier = read_journal(journal_path)
+    if already_deployed(earlier, model_dir):
+        log.info("an earlier attempt of this run already deployed %s version %d: nothing to do", name,
+                 earlier["version"])
+        return {**earlier, "state": "verified", "deployed": True, "by_earlier_attempt": True}
     smoke_path = run_dir / layout.SMOKE_SET
     if not smoke_path.is_file():
         raise StageError(f"{smoke_path} is missing: evaluate must run before deploy")
@@ -314,22 +262,51 @@ def deploy(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str, end
         check_same_volume(model_service_pb2_grpc.ModelServiceStub(channel), name, None, model_dir, endpoint, 0.0)
     except DeployFailed as exc:
         channel.close()
-        write_json(run_dir / layout.DEPLOY_RESULT, {"deployed": False, "published": False, "reason": str(exc)})
+        write_json(journal_path, {"state": "refused", "deployed": False, "published": False, "reason": str(exc)})
         raise
-    version = publish(model_dir, run_dir / layout.SAVED_MODEL, lineage(config, run_dir, run_id))
+    publication, _ = settle_unverified(model_dir, adopt_run_dir=str(run_dir))
+    if publication is None:
+        write_json(journal_path, {"state": "publishing", "deployed": False, "published": False, "model": name})
+        publication = publish_unverified(model_dir, run_dir / layout.SAVED_MODEL, lineage(config, run_dir, run_id),
+                                         owner={"run_dir": str(run_dir), "run_id": run_id})
+    version = publication.version
+    write_json(journal_path, {"state": "published", "deployed": False, "published": True, "verified": False,
+                              "model": name, "version": version})
     try:
         waited = wait_available(channel, name, version, AVAILABLE_TIMEOUT_SECONDS, model_dir, endpoint)
         log.info("%s version %d is AVAILABLE after %.1f s", name, version, waited)
         checked = smoke_test(channel, name, version, smoke)
         log.info("smoke test passed on %d examples", checked)
     except DeployFailed as exc:
-        unpublish(model_dir, version)
-        write_json(run_dir / layout.DEPLOY_RESULT, {"deployed": False, "version": version, "rolled_back": True,
-                                                    "reason": str(exc)})
+        publication.withdraw()
+        write_json(journal_path, {"state": "rolled_back", "deployed": False, "published": True, "model": name,
+                                  "version": version, "rolled_back": True, "reason": str(exc)})
+        raise
+    except BaseException as exc:  # Ctrl-C, SIGTERM, or a bug: an unverified version must not stay served
+        withdraw_interrupted(publication, journal_path, name, exc)
         raise
     finally:
         channel.close()
-    result = {"deployed": True, "model": name, "version": version, "endpoint": endpoint,
-              "available_after_seconds": round(waited, 2), "smoke_examples": checked}
-    write_json(run_dir / layout.DEPLOY_RESULT, result)
+    publication.verified()
+    result = {"state": "verified", "deployed": True, "published": True, "verified": True, "model": name,
+              "version": version, "endpoint": endpoint, "available_after_seconds": round(waited, 2),
+              "smoke_examples": checked}
+    write_json(journal_path, result)
     return result
+
+
+def withdraw_interrupted(publication: Publication, journal_path: Path, name: str, exc: BaseException) -> None:
+    """Record, then undo, a publish whose verification was interrupted. Each step is written before the next, so
+    a second Ctrl-C leaves a journal that still says what is on disk (and the marker lets the next deploy finish
+    the removal)."""
+    how = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else ("a stop signal" if isinstance(exc, SystemExit)
+                                                                else f"{type(exc).__name__}: {exc}")
+    record = {"state": "interrupted", "deployed": False, "published": True, "verified": False, "model": name,
+              "version": publication.version,
+              "reason": f"interrupted by {how} after version {publication.version} was published, before it was "
+                        "verified"}
+    write_json(journal_path, {**record, "rolled_back": False})
+    removed = publication.withdraw()
+    write_json(journal_path, {**record, "rolled_back": removed,
+                              "reason": record["reason"] + ("; the version was removed again" if removed else "")})
+    log.warning("deploy %s; %s", record["reason"], "version removed" if removed else "version already gone")

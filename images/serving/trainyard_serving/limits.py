@@ -6,6 +6,11 @@ the declared shapes before any tensor is allocated; JSON nested deeper than `max
 whose headers do not arrive within `header_timeout` (also an idle keep-alive connection), or whose body does not
 within `body_timeout`, is closed (408 when a response can still be sent); past `max_connections` open connections
 a new one gets 503 at once. `listen_backlog` is the TCP accept queue (Python's default of 5 makes bursts wait).
+
+On the way out: an answer must be taken by the client within `write_timeout` seconds, else the connection is
+dropped and its thread and memory are returned; the kernel holds at most about `max_unsent_bytes` of an answer per
+connection (its send buffer). `max_batch` also bounds an answer's size: at most that many rows come back, whatever a
+request declares (a 3 KB gRPC request may declare many rows filled from one value).
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from dataclasses import dataclass, fields
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int = 16 << 20
-    max_batch: int = 100_000
+    max_batch: int = 10_000
     max_elements: int = 16 << 20
     max_json_depth: int = 64
     header_timeout: float = 10.0
     body_timeout: float = 30.0
+    write_timeout: float = 30.0
+    max_unsent_bytes: int = 1 << 20
     max_connections: int = 512
     listen_backlog: int = 128
 

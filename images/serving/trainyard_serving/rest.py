@@ -3,16 +3,23 @@
 GET  /v1/models/<m>[/versions/<v>|/labels/<l>]            model version status
 GET  /v1/models/<m>[/versions/<v>|/labels/<l>]/metadata   signature_def
 POST /v1/models/<m>[/versions/<v>|/labels/<l>]:predict    {"instances": [...]} (row) or {"inputs": {...}} (columnar)
-Errors are `{"error": "..."}` with 400 (bad request), 404 (unknown model/version/path), 405, 408 (request too slow),
-411, 413 (body too big), 503 (too many connections). The limits live in limits.py.
+Every answer, errors included, is JSON: `{"error": "..."}` with 400 (bad request, also http.server's own malformed
+request line or headers), 404 (unknown model/version/path), 405, 408 (request too slow), 411, 413 (body too big),
+414/431 (request line or headers too long), 501 (unknown method), 503 (too many connections). The `Server` header
+names no Python version. The limits live in limits.py.
 
-A thread serves each connection, as http.server does, but a watchdog closes any connection whose headers (or next
-request, when kept alive) or body do not arrive in time, and past `max_connections` a new connection is answered
-503 without a thread. Clients that hang up early are logged at debug level, without a traceback.
+A thread serves each connection, as http.server does, but a watchdog enforces the deadlines: a request whose
+headers (or next request, when kept alive) or body do not arrive in time has its reading side shut, so the thread
+can still send the 408 (or the 413 after a drain) to a client that is waiting for it; an answer the client does
+not take within `write_timeout` has the whole connection shut, so the thread ends and the answer's memory is freed
+(and handed back to the OS: glibc keeps freed arenas otherwise). Past `max_connections` a new connection is
+answered 503 without a thread. Clients that hang up early are logged at debug level, without a traceback.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import re
@@ -40,6 +47,36 @@ NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 BRACKET_STEP = bytes(1 if b in b"[{" else 255 if b in b"]}" else 0 for b in range(256))  # +1 / -1 as int8
 DRAIN_CAP = 64 << 20  # beyond this an oversized request is cut off, not read
 CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
+LARGE_ANSWER = 1 << 20  # after an answer this big, freed memory is handed back to the OS
+MAX_LENGTH_DIGITS = 18  # a Content-Length longer than this is over any limit (and not worth converting)
+SERVED = threading.local()  # per connection thread: whether it built a large answer (memory to hand back)
+
+
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameters (malloc.h)
+M_ARENA_MAX = -8
+
+
+def tune_allocator() -> None:
+    """Make big buffers go back to the OS when freed. glibc raises its mmap threshold to the size of each large
+    block freed (up to 32 MB), after which answers of many MB are carved from the heap and stay mapped when a
+    slow client is dropped; a fixed 1 MiB threshold keeps every large buffer in its own mapping, and few arenas
+    keep the rest from spreading over one heap per thread."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+        libc.mallopt(M_ARENA_MAX, 2)
+    except (OSError, AttributeError, TypeError):  # not glibc
+        pass
+
+
+def release_freed_memory() -> None:
+    """glibc's malloc_trim(0): return the free pages of every arena to the OS. The Python lists and strings of a
+    large answer are freed into the heap of the thread that built it, and glibc would keep those pages mapped."""
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):  # not glibc: nothing to do
+        pass
 
 
 class ApiError(Exception):
@@ -124,35 +161,57 @@ def metadata_body(registry: ModelRegistry, model: str, version: int | None) -> d
 
 
 class Watchdog(threading.Thread):
-    """Closes connections past their deadline: a blocked read then returns, and the connection's thread ends."""
+    """Enforces per-connection deadlines. A read deadline shuts the reading side (a blocked read returns end of
+    file, and the thread can still answer 408); a write deadline shuts both sides (a blocked send fails, and the
+    thread ends). Also hands freed memory back to the OS after large answers (`trim_soon`)."""
 
     def __init__(self, interval: float = 0.25):
         super().__init__(name="rest-watchdog", daemon=True)
         self.interval = interval
-        self._deadlines: dict[socket.socket, float] = {}
+        self._deadlines: dict[socket.socket, tuple[float, bool]] = {}
+        self._expired: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._trim = threading.Event()
 
-    def arm(self, connection: socket.socket, seconds: float) -> None:
+    def arm(self, connection: socket.socket, seconds: float, writing: bool = False) -> None:
         with self._lock:
-            self._deadlines[connection] = time.monotonic() + seconds
+            self._deadlines[connection] = (time.monotonic() + seconds, writing)
 
     def disarm(self, connection: socket.socket) -> None:
         with self._lock:
             self._deadlines.pop(connection, None)
 
+    def expired(self, connection: socket.socket) -> bool:
+        """Whether a read deadline of this connection passed (its reading side is shut)."""
+        with self._lock:
+            return connection in self._expired
+
+    def forget(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._deadlines.pop(connection, None)
+            self._expired.discard(connection)
+
+    def trim_soon(self) -> None:
+        self._trim.set()
+
     def run(self) -> None:
         while not self._stop.wait(self.interval):
             now = time.monotonic()
             with self._lock:
-                late = [c for c, deadline in self._deadlines.items() if deadline < now]
-                for connection in late:
+                late = [(c, writing) for c, (deadline, writing) in self._deadlines.items() if deadline < now]
+                for connection, writing in late:
                     del self._deadlines[connection]
-            for connection in late:
+                    if not writing:
+                        self._expired.add(connection)
+            for connection, writing in late:
                 try:
-                    connection.shutdown(socket.SHUT_RDWR)
+                    connection.shutdown(socket.SHUT_RDWR if writing else socket.SHUT_RD)
                 except OSError:
                     pass
+            if self._trim.is_set():
+                self._trim.clear()
+                release_freed_memory()
 
     def stop(self) -> None:
         self._stop.set()
@@ -162,6 +221,44 @@ def make_handler(registry: ModelRegistry, limits: Limits, watchdog: Watchdog) ->
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "trainyard-serving"
+
+        def version_string(self) -> str:
+            """The `Server` header: the product, not the Python version behind it."""
+            return self.server_version
+
+        def setup(self) -> None:
+            super().setup()
+            try:  # the kernel holds at most about this much of an answer a client is not reading
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limits.max_unsent_bytes)
+            except OSError:
+                pass
+
+        def finish(self) -> None:
+            try:
+                super().finish()
+            except OSError:
+                pass
+            watchdog.forget(self.connection)
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """http.server's own errors (a malformed request line, headers too long, an unknown method) as JSON;
+            a request cut short by its header deadline is a 408, whatever its partial text looked like."""
+            status = HTTPStatus(code)
+            if watchdog.expired(self.connection):
+                status, message = HTTPStatus.REQUEST_TIMEOUT, (f"the request did not arrive within "
+                                                               f"{limits.header_timeout:g} s")
+            if self.request_version in ("", "HTTP/0.9"):
+                self.request_version = "HTTP/1.1"  # answer with a status line and headers, never bare
+            self.close_connection = True
+            self._send(status, {"error": message or status.phrase})
+
+        def parse_request(self) -> bool:
+            if not super().parse_request():
+                return False
+            if watchdog.expired(self.connection):  # the headers were cut off by their deadline
+                self.send_error(HTTPStatus.REQUEST_TIMEOUT)
+                return False
+            return True
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
             log.debug("%s %s", self.address_string(), format % args)
@@ -180,8 +277,9 @@ def make_handler(registry: ModelRegistry, limits: Limits, watchdog: Watchdog) ->
                 watchdog.disarm(self.connection)
 
         def _send(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
-            watchdog.disarm(self.connection)
+            """Write the answer within `write_timeout`; a client that does not take it in time is dropped."""
             data = json.dumps(payload).encode()
+            watchdog.arm(self.connection, limits.write_timeout, writing=True)
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -190,9 +288,13 @@ def make_handler(registry: ModelRegistry, limits: Limits, watchdog: Watchdog) ->
                     self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(data)
-            except CLIENT_GONE as exc:
-                log.debug("client %s left before its answer: %s", self.address_string(), type(exc).__name__)
+            except OSError as exc:  # the client left, or did not read its answer in time (the watchdog shut it)
+                log.debug("client %s did not take its answer: %s", self.address_string(), type(exc).__name__)
                 self.close_connection = True
+            finally:
+                watchdog.disarm(self.connection)
+                if len(data) >= LARGE_ANSWER:
+                    SERVED.large_answer = True
 
         def _route(self) -> tuple[str, int | None, str]:
             match = PATH.match(self.path.split("?", 1)[0])
@@ -221,13 +323,20 @@ def make_handler(registry: ModelRegistry, limits: Limits, watchdog: Watchdog) ->
                 self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {exc}"})
 
         def _discard(self, size: int) -> None:
-            """Read and drop an oversized body (up to DRAIN_CAP) so the client can read our 413, not an EPIPE."""
+            """Read and drop an oversized body (up to DRAIN_CAP, within `body_timeout`) so the client can read our
+            413, not an EPIPE."""
+            watchdog.arm(self.connection, limits.body_timeout)
             left = min(size, DRAIN_CAP)
-            while left > 0:
-                chunk = self.rfile.read(min(left, 1 << 16))
-                if not chunk:
-                    break
-                left -= len(chunk)
+            try:
+                while left > 0:
+                    chunk = self.rfile.read1(min(left, 1 << 16))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
+            except OSError:
+                pass
+            finally:
+                watchdog.disarm(self.connection)
 
         def _read_body(self, size: int) -> bytes:
             """Exactly `size` bytes within `body_timeout`; a short or slow body is refused, never processed."""
@@ -270,7 +379,11 @@ def make_handler(registry: ModelRegistry, limits: Limits, watchdog: Watchdog) ->
                 if length is None:
                     self.close_connection = True
                     raise ApiError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
-                size = int(length) if length.isdigit() else -1
+                digits = length.strip()
+                if not (digits.isascii() and digits.isdigit()):
+                    size = -1
+                else:  # a 5,000-digit length is not converted: it is over any limit
+                    size = int(digits) if len(digits) <= MAX_LENGTH_DIGITS else 10 ** MAX_LENGTH_DIGITS
                 if size < 0:
                     self.close_connection = True
                     raise ApiError(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
@@ -291,6 +404,8 @@ def make_handler(registry: ModelRegistry, limits: Limits, watchdog: Watchdog) ->
                     body = json.loads(raw)
                 except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
                     raise predict.BadRequest(f"JSON Parse error: {exc}") from None
+                except ValueError as exc:  # an integer of more than 4,300 digits (Python's conversion limit)
+                    raise predict.BadRequest(f"a number in the body is too long to convert: {exc}") from None
                 return predict_body(registry, model, version, body, limits, b"true" in raw or b"false" in raw)
 
             self._handle(answer)
@@ -326,6 +441,9 @@ class Server(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._open.release()
+            if getattr(SERVED, "large_answer", False):  # the handler and its answer are gone by now
+                SERVED.large_answer = False
+                self.watchdog.trim_soon()
 
     def _refuse(self, request: socket.socket) -> None:
         body = json.dumps({"error": f"too many connections (limit {self.limits.max_connections}); "
@@ -349,4 +467,5 @@ class Server(ThreadingHTTPServer):
 
 
 def make_server(registry: ModelRegistry, host: str, port: int, limits: Limits) -> Server:
+    tune_allocator()
     return Server((host, port), registry, limits)

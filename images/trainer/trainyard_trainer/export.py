@@ -3,6 +3,10 @@
 The signature applies the same `FeatureTransform` training used (imputation, vocabulary lookups: the tables are
 saved inside the model), then the model: classification returns `probabilities`, `class_ids`, `classes` and
 `logits`; regression returns `predictions`.
+
+Before that it refuses what the model cannot use: a missing (NaN) or infinite value in a non-nullable float
+feature, or an infinite one in a nullable feature (NaN there means missing and is imputed). The check is part of
+the exported graph, so TF Serving itself answers INVALID_ARGUMENT naming the feature, not a silent constant answer.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class ServingModule(tf.Module):
         self.serve = tf.function(self._serve, input_signature=[raw_signature(schema)])
 
     def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        with tf.control_dependencies(refuse_unusable_values(features, self.schema)):
+            features = {name: tf.identity(value) for name, value in features.items()}
         outputs = model_outputs(self.model, self.transform(features), self.schema, training=False)
         if not self.schema.is_classification:
             return {"predictions": tf.cast(outputs[:, 0], tf.float32)}
@@ -39,6 +45,26 @@ class ServingModule(tf.Module):
         class_ids = tf.argmax(outputs, axis=1, output_type=tf.int64)
         return {"probabilities": probabilities, "class_ids": class_ids, "classes": tf.gather(self.classes, class_ids),
                 "logits": outputs}
+
+
+def refuse_unusable_values(features: dict[str, tf.Tensor], schema: ModelSchema) -> list[tf.Operation]:
+    """One assertion per float feature: InvalidArgumentError naming the feature when a value is NaN (not
+    nullable) or infinite. Integer and string inputs cannot hold such values."""
+    checks = []
+    for feature in schema.numeric:
+        if feature.dtype != "float":
+            continue
+        value = features[feature.name]
+        if feature.nullable:
+            bad = tf.math.is_inf(value)
+            words = "an infinite value (a nullable feature takes a number, or null/NaN for missing)"
+        else:
+            bad = tf.logical_not(tf.math.is_finite(value))
+            words = "a missing (null/NaN) or infinite value, and the feature is not nullable: send a finite number"
+        checks.append(tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)),
+                                          [f"input `{feature.name}` (a float number) got {words}"],
+                                          name=f"refuse_unusable_{len(checks)}"))
+    return checks
 
 
 def plain_copy(model: keras.Model, build_fn: Any, schema: ModelSchema) -> keras.Model:

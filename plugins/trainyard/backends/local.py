@@ -2,7 +2,9 @@
 
 What maps, explicitly: the image's `python -m <module>` becomes this venv's interpreter (images.py); the shared
 volume's mount path becomes `TRAINYARD_DATA_DIR`; the pod's `/airflow/xcom` and scratch emptyDirs become temporary
-folders. Env values come from the pod (Secret references are read from the same-named local variable, since a
+folders under `$TMPDIR/trainyard-work-<uid>/`, named after the process that owns them, so a `trainyard run` killed
+with SIGKILL (which cannot clean up) leaves nothing for long: the next one removes folders whose owner is gone. Env
+values come from the pod (Secret references are read from the same-named local variable, since a
 laptop has no Secrets). The output streams into the task log line by line, and the return.json the process wrote
 is the task's XCom, as with KubernetesPodOperator.
 """
@@ -10,15 +12,17 @@ is the task's XCom, as with KubernetesPodOperator.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ from kubernetes.client import models as k8s
 from trainyard import settings
 from trainyard.backends.base import StageFailed
 from trainyard.images import local_command
+from trainyard.local_run import alive
 from trainyard.native_noise import is_native_noise
 from trainyard.podspec import SCRATCH_NAME, VOLUME_NAME
 from trainyard.registry import images as registry_images
@@ -37,6 +42,35 @@ from trainyard_contract.schema import PipelineConfig
 
 TAIL_LINES = 40
 STOP_GRACE_SECONDS = 10.0
+
+
+def work_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"trainyard-work-{os.getuid()}"
+
+
+def remove_orphaned_work(root: Path) -> list[str]:
+    """Delete work folders (`<kind>-<pid>-<random>`) whose owning process is gone (a SIGKILLed run)."""
+    removed = []
+    for child in sorted(root.iterdir()) if root.is_dir() else []:
+        parts = child.name.split("-")
+        if len(parts) >= 3 and parts[1].isdigit() and int(parts[1]) != os.getpid() and not alive(int(parts[1])):
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child.name)
+    return removed
+
+
+@contextlib.contextmanager
+def work_folder(kind: str) -> Iterator[Path]:
+    """A private temporary folder for one pod or job, removed when it ends (and by the next one if this process
+    is killed before it can)."""
+    root = work_root()
+    root.mkdir(mode=0o700, exist_ok=True)
+    remove_orphaned_work(root)
+    path = Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-", dir=root))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class PathMapper:
@@ -187,8 +221,8 @@ class LocalLauncher:
 
     def run_pod(self, pod: k8s.V1Pod, log: logging.Logger, context: Any = None) -> dict[str, Any] | None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="trainyard-pod-") as work:
-            proc = LocalProcess(pod, self.data_dir, Path(work), self.images)
+        with work_folder("pod") as work:
+            proc = LocalProcess(pod, self.data_dir, work, self.images)
             log.info("local backend: running pod %s: %s", proc.name, " ".join(proc.argv))
             with self._lock:
                 self._running.append(proc)
@@ -230,8 +264,8 @@ class LocalLauncher:
         When the chief ends, for any reason, every other replica is stopped and reaped.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="trainyard-job-") as work:
-            procs = [LocalProcess(pod, self.data_dir, Path(work) / pod.metadata.name, self.images) for pod in pods]
+        with work_folder("job") as work:
+            procs = [LocalProcess(pod, self.data_dir, work / pod.metadata.name, self.images) for pod in pods]
             chief = next(p for p in procs if p.role == "chief")
             others = [p for p in procs if p is not chief]
             log_folder = Path(chief.map_path(logs_dir))
