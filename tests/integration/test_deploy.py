@@ -314,3 +314,26 @@ def test_the_smoke_test_says_where_the_predictions_differ() -> None:
     assert first_difference([0, 0], np.array([[0.9, 0.1], [0.6, 0.4]]), smoke) == (
         "example 1: class id 0, the evaluator's 1")
     assert first_difference([0], np.array([[0.9, 0.1]]), smoke) == "1 predictions for 2 examples"
+
+
+def test_an_interrupt_between_the_rename_and_the_return_leaves_no_unverified_version(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainyard_serving.publishing as publishing
+
+    saved = export_tiny_model(tmp_path / layout.SAVED_MODEL.name)
+    models = tmp_path / layout.MODELS / "tiny"
+    real, calls = publishing.fsync_dir, []
+
+    def interrupted_once(path: Path) -> None:
+        calls.append(path)
+        if len(calls) == 1:  # the fsync right after the rename that made the version visible
+            assert (models / "1").is_dir()
+            raise KeyboardInterrupt
+        real(path)
+
+    monkeypatch.setattr(publishing, "fsync_dir", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        publishing.publish_unverified(models, saved, {}, owner={"run_dir": "r"})
+    assert layout.published_versions(models) == [] and not list(models.glob(".unverified-*"))
+    monkeypatch.setattr(publishing, "fsync_dir", real)
+    assert publish(models, saved, {}) == 2  # and its number is not reused

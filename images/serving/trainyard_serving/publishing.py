@@ -152,6 +152,7 @@ def publish_unverified(model_dir: Path, saved_model: Path, metadata: dict[str, A
         staging = model_dir / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
         marker = model_dir / f"{UNVERIFIED_PREFIX}{version}"
         handle = None
+        renamed = False
         try:
             copy_read_only(saved_model, staging)
             metadata_path = staging / layout.VERSION_METADATA
@@ -162,9 +163,12 @@ def publish_unverified(model_dir: Path, saved_model: Path, metadata: dict[str, A
             write_bytes(model_dir / LAST_VERSION_FILE, f"{version}\n".encode())
             handle = hold_marker(marker, {**(owner or {}), "version": version, "pid": os.getpid()})
             os.rename(staging, model_dir / str(version))
+            renamed = True
             fsync_dir(model_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            if renamed:  # interrupted between the rename and the return: nobody would verify it
+                unpublish(model_dir, version)
             marker.unlink(missing_ok=True)
             if handle is not None:
                 handle.close()
