@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import json
 import logging
 import re
@@ -56,27 +57,33 @@ M_MMAP_THRESHOLD = -3  # glibc mallopt parameters (malloc.h)
 M_ARENA_MAX = -8
 
 
+@functools.cache
+def libc() -> ctypes.CDLL | None:
+    """glibc, loaded once (`find_library` runs `ldconfig`, not something to do after every large answer); None
+    where there is no C library to tune."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    except OSError:
+        return None
+
+
 def tune_allocator() -> None:
     """Make big buffers go back to the OS when freed. glibc raises its mmap threshold to the size of each large
     block freed (up to 32 MB), after which answers of many MB are carved from the heap and stay mapped when a
     slow client is dropped; a fixed 1 MiB threshold keeps every large buffer in its own mapping, and few arenas
     keep the rest from spreading over one heap per thread."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
-        libc.mallopt(M_ARENA_MAX, 2)
-    except (OSError, AttributeError, TypeError):  # not glibc
-        pass
+    library = libc()
+    if library is not None and hasattr(library, "mallopt"):  # not glibc: nothing to tune
+        library.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+        library.mallopt(M_ARENA_MAX, 2)
 
 
 def release_freed_memory() -> None:
     """glibc's malloc_trim(0): return the free pages of every arena to the OS. The Python lists and strings of a
     large answer are freed into the heap of the thread that built it, and glibc would keep those pages mapped."""
-    name = ctypes.util.find_library("c")
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):  # not glibc: nothing to do
-        pass
+    library = libc()
+    if library is not None and hasattr(library, "malloc_trim"):  # not glibc: nothing to do
+        library.malloc_trim(0)
 
 
 class ApiError(Exception):
