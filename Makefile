@@ -7,7 +7,7 @@ export TRAINYARD_DATA_DIR ?= $(ROOT)/data
 export PATH := $(VENV)/bin:$(PATH)
 PIPELINE ?= digits
 
-.PHONY: bootstrap demo data serve stop test test-services unit integration cluster-test images lint check ui bench clean
+.PHONY: bootstrap demo data serve stop test test-services unit integration cluster-test images push wheel lint check ui bench clean
 
 bootstrap:
 	@VENV=$(VENV) scripts/bootstrap.sh
@@ -52,9 +52,17 @@ cluster-test: bootstrap
 	@[ -n "$${KUBECONFIG:-}" ] || { echo "cluster-test: set KUBECONFIG to an admin kubeconfig of the cluster" >&2; exit 2; }
 	TRAINYARD_KUBE_TEST=1 python -m pytest -rs -s tests/cluster  # -s: the figures each test prints
 
-# the stage images, with docker, podman or buildah (whichever is installed): make images [PUSH=registry.example.com/ml]
+# the stage images, with docker, podman or buildah (whichever is installed): make images [REGISTRY=registry.example.com/ml]
+# tags each also as $(REGISTRY)/trainyard/<stage>:<tag>; make push REGISTRY=... pushes those (kubernetes.registry)
 images:
-	@scripts/build-images.sh
+	@REGISTRY=$(REGISTRY) scripts/build-images.sh
+
+push:
+	@REGISTRY=$(REGISTRY) scripts/build-images.sh --push
+
+# the wheels an existing Airflow installs (dist/): trainyard (the Airflow side) and trainyard-contract
+wheel: bootstrap
+	@scripts/build-wheel.sh
 
 ui: bootstrap
 	trainyard pools

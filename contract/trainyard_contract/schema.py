@@ -35,6 +35,13 @@ SCHEDULE_PRESETS = {"@once", "@continuous", "@hourly", "@daily", "@weekly", "@mo
 Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER)]
 K8sName = Annotated[str, StringConstraints(pattern=K8S_NAME, max_length=63)]
 Quantity = Annotated[str, StringConstraints(pattern=QUANTITY)]
+# A data file's own column name (mapped to an identifier by `source_column`): any text but a comma (CSV headers
+# are read by splitting on commas) or a control character, and not only spaces.
+SourceColumn = Annotated[str, StringConstraints(pattern=r"^[^,\x00-\x1f]*[^,\s][^,\x00-\x1f]*$", max_length=255)]
+# A registry host (and port) with an optional path: registry.example.com/ml, localhost:5000
+RegistryPrefix = Annotated[str, StringConstraints(
+    pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]+([._-][a-z0-9]+)*)*$", max_length=200)]
+OWN_IMAGES = "trainyard/"  # the repositories `make images` builds (images/<stage>/Dockerfile headers)
 ImageRef = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._/:@-]*$", max_length=255)]
 PoolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$", max_length=256)]
 
@@ -105,9 +112,16 @@ class Feature(Strict):
     allowed: list[str | int] | None = Field(None, min_length=1)
     nullable: bool = False
     count: int | None = Field(None, ge=1, le=100_000)
+    source_column: SourceColumn | None = Field(
+        None, description="the column's name in the data files when it is not an identifier (`od280/od315`, "
+        "`sepal length (cm)`): validate and prepare read it under this name; `name` is what the model and "
+        "serving call it")
 
     @model_validator(mode="after")
     def _check(self) -> Feature:
+        if self.source_column is not None and self.count is not None:
+            raise ValueError("@source_column: a feature with `count` expands to several columns; give each its "
+                             "own entry to map a source column")
         if self.count is None and "{i}" in self.name:
             raise ValueError("a name with '{i}' needs 'count' (how many columns it expands to)")
         if self.count is not None and "{i}" not in self.name:
@@ -159,6 +173,8 @@ class Label(Strict):
     (`task: regression`, a float label): optional `min`/`max` bounds. Given classes imply classification."""
 
     name: Identifier
+    source_column: SourceColumn | None = Field(None, description="the label's column name in the data files, "
+                                               "when it is not an identifier")
     task: Literal["classification", "regression"]
     dtype: Literal["int", "string", "float"]
     classes: list[int | str] | None = Field(None, min_length=2)
@@ -259,7 +275,21 @@ class DataConfig(Strict):
             if name in seen:
                 raise ValueError(f"column {name!r} is defined twice (features and label must be distinct)")
             seen.add(name)
+        mapped = self.source_columns()
+        read: dict[str, str] = {}
+        for name in [*self.column_names(), self.label.name]:
+            source = mapped.get(name, name)
+            if source in read:
+                raise ValueError(f"source column {source!r} is read twice (by {read[source]!r} and {name!r}); "
+                                 "each column of the files maps to one feature or the label")
+            read[source] = name
         return self
+
+    def source_columns(self) -> dict[str, str]:
+        """{served name: the data files' column name} for the feature and label columns mapped by
+        `source_column`; every other column is read under its own name."""
+        return {entry.name: entry.source_column for entry in [*self.features, self.label]
+                if entry.source_column is not None}
 
     def column_names(self) -> list[str]:
         """Feature column names, `count` entries expanded; cheap (no Feature objects), for parse-time use."""
@@ -480,11 +510,21 @@ class KubernetesConfig(Strict):
     gpu_tiers: dict[str, GpuTier] = {}
     tier_by_priority: dict[Literal["high", "low"], str] = {}
     image_pull_secrets: list[K8sName] = []
+    registry: RegistryPrefix | None = Field(
+        None, description="where `make images REGISTRY=...` pushed Trainyard's own images: it prefixes every "
+        "image reference that starts with `trainyard/` (`registry.example.com/ml` + `trainyard/prep:0.1.0` -> "
+        "`registry.example.com/ml/trainyard/prep:0.1.0`); other images (deploy.image, your own) are used as written")
     secrets: list[SecretRef] = []
     connection_id: str = Field("kubernetes_default", min_length=1,
                                description="the Airflow Kubernetes connection (in-cluster or a kubeconfig)")
     startup_timeout_seconds: int = Field(600, ge=10, le=86_400,
                                          description="how long a pod may stay Pending before its stage fails")
+
+    def image(self, reference: str) -> str:
+        """`reference` as the cluster pulls it: Trainyard's own images (`trainyard/...`) under `registry`."""
+        if self.registry and reference.startswith(OWN_IMAGES):
+            return f"{self.registry}/{reference}"
+        return reference
 
 
 class AssetSchedule(Strict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import sys
@@ -59,8 +60,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     by_name = {path.stem: path for path in paths}
     buildable = []
     failed: set[str] = set()
-    for config in configs:
-        problem = model_module_problem(config.training.model.module)
+    models_here = settings.stage_python() == sys.executable
+    if models_here and importlib.util.find_spec("trainyard_trainer") is None:
+        print("trainyard check: note: model modules not checked: the trainer's package is not installed in this "
+              "Airflow (it lives in the training image); set TRAINYARD_STAGE_PYTHON to an interpreter that has it "
+              "to check them here")
+        configs_to_check: list[PipelineConfig] = []
+    else:
+        configs_to_check = configs
+    for config in configs_to_check:
+        problem = model_module_problem(config.training.model.module) if models_here else None
         if problem is not None:
             errors.append(f"{module_location(by_name.get(config.name), config)}: training.model.module: {problem}")
             failed.add(config.name)
@@ -105,7 +114,7 @@ def model_build_problems(configs: list[PipelineConfig], paths: dict[str, Path]) 
 
     request = json.dumps([config.model_dump_json() for config in configs])
     try:
-        done = subprocess.run([sys.executable, "-m", "trainyard_trainer", "check-configs"], input=request,
+        done = subprocess.run([settings.stage_python(), "-m", "trainyard_trainer", "check-configs"], input=request,
                               capture_output=True, text=True, timeout=600, env={**os.environ,
                                                                                "TF_CPP_MIN_LOG_LEVEL": "3"})
     except subprocess.TimeoutExpired:
@@ -140,13 +149,15 @@ def cmd_new(args: argparse.Namespace) -> int:
     try:
         written = new_pipeline(args.name, Path(args.sample) if args.sample else None, args.label,
                                pipelines=settings.pipelines_dir(), dags=dags_folder(), volume=settings.data_dir(),
-                               force=args.force)
+                               force=args.force, task=args.task, serving_running=server_alive())
     except ScaffoldError as exc:
         print(f"trainyard new: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(f"trainyard new: config  {written.config}")
     print(f"trainyard new: shim    {written.shim}")
-    print(f"trainyard new: model   {written.model} (training.model.module: trainyard_trainer.models.{args.name})")
+    if written.model is not None:
+        print(f"trainyard new: model   {written.model} (training.model.module: "
+              f"trainyard_trainer.models.{args.name})")
     if written.data is not None:
         print(f"trainyard new: data    {written.data} (the sample, as today's partition)")
     for note in written.notes:
@@ -186,6 +197,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"trainyard run: unknown parameter(s) {unknown}; known: {sorted(dag.params.keys())}", file=sys.stderr)
         return EXIT_USAGE
     import signal
+    import time
 
     from airflow.models.dagrun import DagRun
     from airflow.utils.types import DagRunType
@@ -210,6 +222,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGINT, local_run.interrupt_handler)
     state = "failed"
     dag_run = None
+    run_dir = layout.runs_dir(settings.data_dir(), config.name) / run_key(run_id)
+    clock = time.monotonic()
     try:
         with local_run.tee_output(log_path):
             dag_run = dag.test(logical_date=logical_date, run_after=run_after, run_conf=conf)
@@ -219,7 +233,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
         lock.release()
-    run_dir = layout.runs_dir(settings.data_dir(), config.name) / run_key(run_id)
     print(f"trainyard run: {config.name} run {run_id} finished: {state}")
     if local_run.INTERRUPTED:
         print("trainyard run: stopped by Ctrl-C: the running stage's processes were stopped and the run marked "
@@ -230,9 +243,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if dag_run is not None:
         for line in local_run.skip_notes(dag_run):
             print(f"trainyard run: {line}")
-        times = local_run.stage_times(dag_run)
-        print("trainyard run: stage times: " + (", ".join(f"{task} {seconds:.1f}s" for task, seconds in times)
-                                                 or "none ran"))
+        from trainyard.run_summary import summary_table, task_rows, training_rates
+
+        for line in summary_table(task_rows(dag_run), training_rates(run_dir), time.monotonic() - clock):
+            print(f"trainyard run: {line}")
     print(f"trainyard run: run folder: {run_dir}")
     print(f"trainyard run: log: {log_path}")
     if local_run.INTERRUPTED:
@@ -253,7 +267,12 @@ DEFAULT_DAYS = {"digits": 5, "diabetes": 3, "churn": 3}
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from trainyard_prep import example_data
+    try:
+        from trainyard_prep import example_data
+    except ModuleNotFoundError:
+        print("trainyard data: the example datasets come with the prep stage's package, which is not installed "
+              "here (Trainyard's wheel leaves it in its image): run it in a checkout (`make data`)", file=sys.stderr)
+        return EXIT_FAILED
 
     root = settings.data_dir()
     end = dt.date.fromisoformat(args.end_date) if args.end_date else None
@@ -284,12 +303,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     models = settings.data_dir() / layout.MODELS
     models.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "trainyard_serving", "serve", "--models-dir", str(models),
+    python = settings.stage_python()
+    argv = [python, "-m", "trainyard_serving", "serve", "--models-dir", str(models),
             "--grpc-port", str(args.grpc_port), "--rest-port", str(args.rest_port)]
     if args.stop:
         return stop_server()
     if not args.background:
-        os.execv(sys.executable, argv)
+        os.execv(python, argv)
     if server_alive():
         print(f"trainyard serve: already running (pid {serving_pid_file().read_text().strip()})")
         return EXIT_OK
@@ -541,11 +561,14 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("pipeline")
     predict.add_argument("--rest-port", type=int, help="the local server's REST port (default: deploy.rest_port)")
     predict.set_defaults(func=cmd_predict)
-    new = commands.add_parser("new", help="scaffold a pipeline: config (from a sample CSV), DAG shim, model module")
+    new = commands.add_parser("new", help="scaffold a pipeline: config (from a sample CSV or Parquet file), DAG shim, "
+                              "model module")
     new.add_argument("name", help="the pipeline's name (lowercase, digits, '_')")
-    new.add_argument("--from", dest="sample", help="a sample CSV: features, dtypes and ranges are inferred from it, "
-                                                   "and it becomes the dataset's first partition")
-    new.add_argument("--label", help="the column with the class to predict (required with --from)")
+    new.add_argument("--from", dest="sample", help="a sample CSV or Parquet file: features, dtypes and ranges are "
+                                                   "inferred from it, and it becomes the dataset's first partition")
+    new.add_argument("--label", help="the column to predict (required with --from)")
+    new.add_argument("--task", choices=["classification", "regression"],
+                     help="what the label is (default: regression when its values are not all whole numbers)")
     new.add_argument("--force", action="store_true", help="overwrite files that exist")
     new.set_defaults(func=cmd_new)
     render = commands.add_parser("render", help="write every Kubernetes manifest one run would create, as YAML")

@@ -1,14 +1,15 @@
 """The image -> local command mapping used by the local backend.
 
 A pod runs `python -m <module> ...` inside one of Trainyard's images; locally the same module runs with this
-venv's interpreter. The table of images and their modules comes from the stage registry (`registry.images`);
-an image outside it cannot run on the local backend, and says so.
+venv's interpreter (or `TRAINYARD_STAGE_PYTHON`'s). The table of images and their modules comes from the stage
+registry (`registry.images`); an image outside it cannot run on the local backend, and says so.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
+
+from trainyard import settings
 
 
 def image_repository(image: str) -> str:
@@ -27,6 +28,8 @@ def local_command(image: str, command: list[str], images: Mapping[str, str]) -> 
     """The local argv for a container's command, or a ValueError that says what the local backend can run."""
     repository = image_repository(image)
     module = images.get(repository)
+    if module is None:  # under a registry path (kubernetes.registry): registry.example.com/ml/trainyard/prep
+        module = next((images[known] for known in sorted(images) if repository.endswith(f"/{known}")), None)
     if module is None:
         known = ", ".join(sorted(images))
         raise ValueError(
@@ -36,4 +39,4 @@ def local_command(image: str, command: list[str], images: Mapping[str, str]) -> 
     expected = ["python", "-m", module]
     if list(command[:3]) != expected:
         raise ValueError(f"image {image!r} runs {expected!r} locally, but the pod's command is {command!r}")
-    return [sys.executable, "-m", module, *command[3:]]
+    return [settings.stage_python(), "-m", module, *command[3:]]

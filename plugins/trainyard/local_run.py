@@ -150,25 +150,6 @@ def skip_notes(dag_run: Any) -> list[str]:
         return [f"{record.task_id} skipped: {XComModel.deserialize_value(record)}" for record in records]
 
 
-RAN_STATES = frozenset({"success", "failed"})  # a task that ran to an end (skipped or never-run ones did not)
-
-
-def stage_times(dag_run: Any) -> list[tuple[str, float]]:
-    """(task, seconds) of every task instance that ran, in start order; a mapped one as `task [i]`. The last
-    attempt's time: Airflow keeps one row per task instance."""
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        ran = session.query(TaskInstance).filter(
-            TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id,
-            TaskInstance.state.in_(RAN_STATES)).all()
-        ran = [ti for ti in ran if ti.start_date is not None and ti.end_date is not None]
-        ran.sort(key=lambda t: (t.start_date, t.map_index))
-        return [(f"{ti.task_id} [{ti.map_index}]" if ti.map_index >= 0 else ti.task_id,
-                 (ti.end_date - ti.start_date).total_seconds()) for ti in ran]
-
-
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during `trainyard run`: the running stage is stopped and the run ends failed, without retries."""
 

@@ -271,7 +271,7 @@ def build_serving_deployment(config: PipelineConfig) -> k8s.V1Deployment:
                         period_seconds=10, failure_threshold=3)
     container = k8s.V1Container(
         name="tensorflow-serving",
-        image=deploy.image,
+        image=config.kubernetes.image(deploy.image),
         args=[f"--model_name={config.model_name}",
               f"--model_base_path={models_dir(PurePosixPath(volume.mount_path), config.model_name)}",
               f"--port={deploy.grpc_port}", f"--rest_api_port={deploy.rest_port}",

@@ -81,7 +81,7 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra
     return ContainerSpec(
         stage=(stage.check_name or stage.name) if check else stage.name,
         role="main",
-        image=stage.configured_image(config),
+        image=config.kubernetes.image(stage.configured_image(config)),
         command=["python", "-m", stage.image.module],
         args=args,
         env=env,

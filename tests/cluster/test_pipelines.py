@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import time
 from pathlib import Path
 
 from tests.cluster.conftest import NS, leftovers, trainyard
+from tests.run_table import stage_times as ran_times
 from trainyard_contract import layout
-
-STAGE_TIMES = re.compile(r"trainyard run: stage times: (.*)")
 
 
 def stage_times(output: str) -> dict[str, float]:
-    match = STAGE_TIMES.search(output)
-    assert match, output[-3000:]
-    return {name: float(seconds.rstrip("s")) for name, seconds in
-            (part.rsplit(" ", 1) for part in match.group(1).split(", "))}
+    times = ran_times(output)
+    assert times, output[-3000:]
+    return times
 
 
 def predict_through_service(admin, model: str, port_name: str, instance: dict) -> dict:  # noqa: ANN001
@@ -44,7 +41,7 @@ def run_pipeline(pipeline: str, conf: dict, env: dict[str, str]) -> str:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-8000:]
     assert "finished: success" in output
-    print(f"\n{pipeline} on the cluster: {time.monotonic() - started:.1f}s; {STAGE_TIMES.search(output).group(0)}")
+    print(f"\n{pipeline} on the cluster: {time.monotonic() - started:.1f}s; stage times: {stage_times(output)}")
     return output
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.serving_helpers import Server, http
+from tests.run_table import task_table
 from trainyard_contract import layout
 from trainyard_prep.example_data import write_digits
 
@@ -52,6 +53,19 @@ def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Pa
     training = json.loads((run_dir / layout.TRAINING_RECORD).read_text())
     assert (training["steps"], training["workers"], training["strategy"]) == (120, 1, "parameter_server")
     assert (run_dir / layout.SAVED_MODEL / layout.SAVED_MODEL_PB).is_file()
+    # the run's task table: every task with its state, wall time and retries; the train row with its rates
+    table = task_table(done.stdout)
+    assert [task for task, row in table.items() if row["seconds"] is not None][:3] == [
+        "validate_data", "prepare_data", "train"], table
+    assert {task: row["state"] for task, row in table.items()} == {
+        "validate_data": "success", "prepare_data": "success", "train": "success", "evaluate": "success",
+        "teardown_train": "success", "decide": "success", "deploy": "success", "skip_deploy": "skipped"}, table
+    assert table["skip_deploy"]["seconds"] is None and table["train"]["retries"] == 0
+    rates = re.fullmatch(r"120 steps in (\d+\.\d)s: (\d+\.\d) steps/s, (\d+) examples/s", table["train"]["note"])
+    assert rates, table["train"]
+    assert abs(float(rates[1]) * float(rates[2]) - 120) < 0.05 * 120 + float(rates[2]) * 0.05  # time x rate = steps
+    assert abs(int(rates[3]) - training["examples_per_second"]) <= 1
+    assert table["train"]["seconds"] >= training["seconds"]  # the task's wall time holds the training's
     logs = sorted(p.name.rsplit("-", 2)[-2] for p in (run_dir / layout.CLUSTER_LOGS).glob("*.log"))
     assert logs == ["ps", "worker"]
     assert "[chief]" in done.stdout + done.stderr and "step 120 loss" in done.stdout + done.stderr
@@ -124,9 +138,15 @@ def test_bad_data_fails_the_run_and_nothing_downstream_runs(pipelines_dir: Path,
         "trainyard run: error: validate failed: data validation failed: 1 problem(s) in datasets/digits",
         "trainyard run: a retry would fail the same way: fix the data, the config or the model code, then run again",
     ], summary
-    # what ran, and for how long; the tasks that never ran (prepare, train, ...) are not listed
-    assert re.fullmatch(r"trainyard run: stage times: validate_data \d+\.\ds, teardown_train \d+\.\ds",
-                        summary[4]), summary
+    # the task table: what ran, for how long, with how many retries; the tasks that never ran say so
+    table = task_table(done.stdout)
+    assert table["validate_data"]["state"] == "failed" and table["validate_data"]["retries"] == 0, table
+    assert table["validate_data"]["seconds"] > 0 and table["teardown_train"]["state"] == "success", table
+    assert {task: row["state"] for task, row in table.items() if row["seconds"] is None} == {
+        "prepare_data": "upstream_failed", "train": "upstream_failed", "evaluate": "upstream_failed",
+        "decide": "upstream_failed", "deploy": "upstream_failed", "skip_deploy": "upstream_failed"}, table
+    assert summary[4] == "trainyard run: " + "task".ljust(14) + "  state" + " " * 16 + "wall  retries", summary
+    assert re.fullmatch(r"trainyard run: whole run\s+\d+\.\ds", summary[-3]), summary
     log_file = Path(summary[-1].split("log: ", 1)[1])
     assert summary[-1].startswith("trainyard run: log: ") and "pixel_0: 1 value(s) of the wrong type" in \
         log_file.read_text()

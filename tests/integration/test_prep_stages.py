@@ -234,3 +234,106 @@ def test_entrypoint_exit_codes(digits: tuple[PipelineConfig, Path], tmp_path: Pa
     usage = subprocess.run([sys.executable, "-m", "trainyard_prep", "validate"], env=env, capture_output=True,
                            text=True, timeout=120)
     assert usage.returncode == 2
+
+
+WINE = """\
+name: wine
+start_date: 2026-01-01
+data:
+  source: datasets/wine
+  format: {format}
+  label: {{name: cultivar, source_column: "class (0-2)", classes: [0, 1, 2]}}
+  features:
+    - {{name: alcohol, dtype: float}}
+    - {{name: color_intensity, dtype: float, source_column: "color intensity"}}
+    - {{name: od280_od315, dtype: float, source_column: "od280/od315_of_diluted_wines"}}
+  shards: {{train: 1, eval: 1}}
+training: {{steps: 10}}
+"""
+
+
+@pytest.mark.parametrize("data_format", ["csv", "parquet"])
+def test_source_columns_are_read_under_their_own_names_and_served_under_identifiers(
+        data_format: str, data_dir: Path, tmp_path: Path) -> None:
+    from sklearn.datasets import load_wine
+
+    frame = load_wine(as_frame=True).frame[["alcohol", "color_intensity", "od280/od315_of_diluted_wines", "target"]]
+    frame = frame.rename(columns={"color_intensity": "color intensity", "target": "class (0-2)"})
+    (tmp_path / "wine.yaml").write_text(WINE.format(format=data_format))
+    config = load_pipeline_file(tmp_path / "wine.yaml")
+    for day, part in ((END, frame.iloc[:100]), (END - dt.timedelta(days=1), frame.iloc[100:])):
+        folder = data_dir / layout.DATASETS / "wine" / f"date={day.isoformat()}"
+        folder.mkdir(parents=True)
+        path = folder / f"part-0.{data_format}"
+        part.to_csv(path, index=False) if data_format == "csv" else part.to_parquet(path, index=False)
+    run_dir = data_dir / layout.RUNS / "wine" / "r1"
+    manifest = pin_inputs(data_dir, run_dir, config.data, None)
+    assert validate_inputs(run_dir, config, manifest)["rows"] == 178
+    out = prepare(run_dir, config, manifest)
+    assert out["rows"]["train"] + out["rows"]["eval"] == 178
+    schema = json.loads((run_dir / layout.PREPARED_SCHEMA).read_text())
+    assert [f["name"] for f in schema["features"]] == ["alcohol", "color_intensity", "od280_od315"]
+    assert schema["label"]["name"] == "cultivar"
+    stats = json.loads((run_dir / layout.PREPARED_STATS).read_text())["features"]
+    assert stats["od280_od315"]["max"] == pytest.approx(4.0) and stats["color_intensity"]["min"] == pytest.approx(1.28)
+
+    # a file whose mapped column is missing (renamed to the served name) is refused, naming both names
+    renamed = frame.iloc[:100].rename(columns={"od280/od315_of_diluted_wines": "od280_od315"})
+    path = data_dir / layout.DATASETS / "wine" / f"date={END.isoformat()}" / f"part-0.{data_format}"
+    renamed.to_csv(path, index=False) if data_format == "csv" else renamed.to_parquet(path, index=False)
+    second = data_dir / layout.RUNS / "wine" / "r2"
+    with pytest.raises(StageError) as info:
+        validate_inputs(second, config, pin_inputs(data_dir, second, config.data, None))
+    assert ("od280_od315: source column 'od280/od315_of_diluted_wines' is missing (the file has 4 columns)"
+            in str(info.value)), str(info.value)
+
+
+def _parquet_column(kind: str):  # noqa: ANN202 (a pyarrow array)
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+    n = 20
+    return {"double": pa.array(np.linspace(0, 1, n)), "float": pa.array(np.linspace(0, 1, n, dtype=np.float32)),
+            "int64": pa.array(np.arange(n)), "int8": pa.array(np.arange(n, dtype=np.int8)),
+            "uint8": pa.array(np.arange(n, dtype=np.uint8)), "bool": pa.array([True, False] * (n // 2)),
+            "timestamp": pa.array(pd.date_range("2026-01-01", periods=n)),
+            "whole double": pa.array(np.arange(n, dtype=float)),
+            "int64 with nulls": pa.array([1, None] * (n // 2), type=pa.int64()),
+            "string": pa.array(["a", "b"] * (n // 2)), "large_string": pa.array(["a", "b"] * (n // 2),
+                                                                                  type=pa.large_string()),
+            "dictionary": pa.array(["a", "b"] * (n // 2)).dictionary_encode(),
+            "text of numbers": pa.array(["1.5"] * n)}[kind]
+
+
+@pytest.mark.parametrize(("declared", "stored", "accepted"), [
+    ("float", "double", True), ("float", "float", True), ("float", "int64", True), ("float", "bool", False),
+    ("float", "timestamp", False), ("float", "dictionary", False), ("float", "uint8", False),
+    ("float", "text of numbers", False),
+    ("int", "int64", True), ("int", "int8", True), ("int", "whole double", False), ("int", "uint8", False),
+    ("int, nullable: true", "whole double", True), ("int, nullable: true", "int64 with nulls", True),
+    ("string", "string", True), ("string", "large_string", True), ("string", "int64", False),
+    ("string", "dictionary", False),
+])
+def test_parquet_column_types_are_matched_as_the_readme_says(declared: str, stored: str, accepted: bool,
+                                                             data_dir: Path, tmp_path: Path) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "c.yaml").write_text(
+        "name: c\nstart_date: 2026-01-01\ndata:\n  source: datasets/c\n  format: parquet\n"
+        f"  label: {{name: y, classes: [0, 1]}}\n  features: [{{name: x, dtype: {declared}}}, {{name: z}}]\n")
+    config = load_pipeline_file(tmp_path / "c.yaml")
+    folder = data_dir / layout.DATASETS / "c" / "date=2026-11-30"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"x": _parquet_column(stored), "z": pa.array(np.linspace(0, 1, 20)),
+                             "y": pa.array([0, 1] * 10)}), folder / "part-0.parquet")
+    run_dir = data_dir / layout.RUNS / "c" / "r1"
+    manifest = pin_inputs(data_dir, run_dir, config.data, None)
+    if accepted:
+        assert validate_inputs(run_dir, config, manifest)["rows"] == 20
+        return
+    with pytest.raises(StageError) as info:
+        validate_inputs(run_dir, config, manifest)
+    assert "part-0.parquet: x: " in str(info.value) and "wrong type" in str(info.value), str(info.value)

@@ -292,6 +292,50 @@ def test_a_label_feature_or_metric_that_cannot_work_is_refused(label: dict, feat
         PipelineConfig.model_validate(_pipeline(label, evaluation, features))
 
 
+@pytest.mark.parametrize(("features", "label", "message"), [
+    ([{"name": "p_{i}", "count": 2, "source_column": "p"}], {}, "a feature with `count` expands to several columns"),
+    ([{"name": "a", "source_column": "x"}, {"name": "b", "source_column": "x"}], {},
+     "source column 'x' is read twice (by 'a' and 'b')"),
+    ([{"name": "a", "source_column": "b"}, {"name": "b"}], {}, "source column 'b' is read twice (by 'a' and 'b')"),
+    ([{"name": "a"}], {"source_column": "a"}, "source column 'a' is read twice (by 'a' and 'y')"),
+    ([{"name": "a", "source_column": "x,y"}], {}, "source_column"),
+    ([{"name": "a", "source_column": "   "}], {}, "source_column"),
+    ([{"name": "a", "source_column": "x\ty"}], {}, "source_column"),
+    ([{"name": "a/b"}], {}, "features.0.name"),
+])
+def test_source_columns_map_a_file_name_to_one_identifier(features: list, label: dict, message: str) -> None:
+    from pydantic import ValidationError
+
+    from trainyard_contract.schema import PipelineConfig
+
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        PipelineConfig.model_validate(_pipeline({"name": "y", "classes": [0, 1], **label}, None, features))
+    fine = PipelineConfig.model_validate(_pipeline(
+        {"name": "y", "classes": [0, 1], "source_column": "Outcome (1 = yes)"}, None,
+        [{"name": "od280_od315", "source_column": "od280/od315_of_diluted_wines"},
+         {"name": "b", "source_column": " b"}]))
+    assert fine.data.source_columns() == {"od280_od315": "od280/od315_of_diluted_wines", "b": " b",
+                                          "y": "Outcome (1 = yes)"}
+
+
+def test_the_registry_prefixes_trainyards_own_images_only() -> None:
+    from pydantic import ValidationError
+
+    from trainyard_contract.schema import PipelineConfig
+
+    config = PipelineConfig.model_validate({**_pipeline({"name": "y", "classes": [0, 1]}),
+                                            "kubernetes": {"registry": "registry.example.com:5000/ml"}})
+    assert config.kubernetes.image("trainyard/prep:0.1.0") == "registry.example.com:5000/ml/trainyard/prep:0.1.0"
+    assert config.kubernetes.image("tensorflow/serving:2.19.0") == "tensorflow/serving:2.19.0"
+    assert config.kubernetes.image("acme/trainyard/x:1") == "acme/trainyard/x:1"
+    plain = PipelineConfig.model_validate(_pipeline({"name": "y", "classes": [0, 1]}))
+    assert plain.kubernetes.image("trainyard/prep:0.1.0") == "trainyard/prep:0.1.0"
+    for bad in ("https://registry.example.com", "Registry.example.com", "registry.example.com/ml/"):
+        with pytest.raises(ValidationError, match="kubernetes.registry"):
+            PipelineConfig.model_validate({**_pipeline({"name": "y", "classes": [0, 1]}),
+                                           "kubernetes": {"registry": bad}})
+
+
 def test_a_metric_error_is_placed_on_its_line(tmp_path: Path) -> None:
     from trainyard.config_loader import ConfigError, load_pipeline_file
 

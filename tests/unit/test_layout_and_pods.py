@@ -86,8 +86,13 @@ def test_local_command_mapping_comes_from_the_registry() -> None:
                      "trainyard/evaluate": "trainyard_trainer", "trainyard/serving": "trainyard_serving"}
     assert local_command("trainyard/prep:0.1.0", ["python", "-m", "trainyard_prep"], table) == [
         sys.executable, "-m", "trainyard_prep"]
+    # pushed under a registry prefix (kubernetes.registry), the same image runs the same module locally
+    assert local_command("registry.example.com/ml/trainyard/prep:0.1.0", ["python", "-m", "trainyard_prep"],
+                         table) == [sys.executable, "-m", "trainyard_prep"]
     with pytest.raises(ValueError, match="has no local equivalent"):
         local_command("acme/custom:1", ["python", "-m", "x"], table)
+    with pytest.raises(ValueError, match="has no local equivalent"):
+        local_command("registry.example.com/ml/not-trainyard/prep:0.1.0", ["python", "-m", "x"], table)
     with pytest.raises(ValueError, match="runs \\['python', '-m', 'trainyard_prep'\\] locally"):
         local_command("trainyard/prep:0.1.0", ["bash", "-c", "rm -rf /"], table)
 

@@ -145,6 +145,18 @@ def test_cluster_manifests_in_k8s_are_valid() -> None:
     assert all("*" not in rule["verbs"] and "*" not in rule["resources"] for rule in role["rules"])
 
 
+def test_the_config_registry_prefixes_every_trainyard_image_in_the_manifests(pipelines_dir: Path) -> None:
+    path = pipelines_dir / "digits.yaml"
+    path.write_text(path.read_text() + "kubernetes:\n  registry: registry.example.com/ml\n")
+    rendered = render_run(load_pipeline_file(path), RUN_ID)
+    images = {c["image"] for m in rendered for spec in pod_specs(m) for c in spec["containers"]}
+    assert {"registry.example.com/ml/trainyard/prep:0.1.0", "registry.example.com/ml/trainyard/trainer:0.1.0",
+            "registry.example.com/ml/trainyard/evaluate:0.1.0",
+            "registry.example.com/ml/trainyard/serving:0.1.0"} <= images, images
+    assert {image for image in images if not image.startswith("registry.example.com/ml/trainyard/")} == {
+        "tensorflow/serving:2.19.0"}, images
+
+
 def test_render_cli_writes_yaml(pipelines_dir: Path, tmp_path: Path) -> None:
     assert cli(["render", "digits", "--run-id", RUN_ID, "--out", str(tmp_path / "out")]) == 0
     files = sorted((tmp_path / "out").glob("*.yaml"))

@@ -296,7 +296,8 @@ def prepare_files(run_dir: Path, config: PipelineConfig, entries: list[dict[str,
         partials = [FilePartials(config) for _ in entries]  # statistics are kept per file (merge folds them)
         file_rows = [0] * len(entries)
         paths = [run_dir / entry["snapshot"] for entry in entries]
-        stream = chunks_of_files(paths, config.prep.rows_per_chunk(len(read_columns)), read_columns, text)
+        stream = chunks_of_files(paths, config.prep.rows_per_chunk(len(read_columns)), read_columns, text,
+                                 data.source_columns())
         for item in progress.timed("read", prefetched(stream)):
             if item.error is not None:
                 raise item.error

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -24,15 +24,29 @@ _DONE = object()
 
 
 def read_chunks(path: Path, chunk_rows: int, columns: list[str] | None = None,
-                text_columns: frozenset[str] = frozenset()) -> Iterator[tuple[pd.DataFrame, int]]:
+                text_columns: frozenset[str] = frozenset(),
+                sources: Mapping[str, str] | None = None) -> Iterator[tuple[pd.DataFrame, int]]:
     """Yield (frame, bytes read) for each chunk of `path`, a `.csv` or `.parquet` file.
 
-    `text_columns` are read as text from CSV (a string column of digits stays "007", not 7).
+    `text_columns` are read as text from CSV (a string column of digits stays "007", not 7). `sources` maps a
+    served name to the file's own column name (`source_column` in the config): the file's column is read and
+    handed on under the served name, also in the header the chunk records, so every later check speaks of the
+    served name.
     """
+    sources = dict(sources or {})
+    served = {source: name for name, source in sources.items()}
+    wanted = None if columns is None else [sources.get(c, c) for c in columns]
+    text = frozenset(sources.get(c, c) for c in text_columns)
     if path.suffix == ".parquet":
-        yield from read_parquet_chunks(path, chunk_rows, columns)
-        return
-    yield from read_csv_chunks(path, chunk_rows, columns, text_columns)
+        chunks = read_parquet_chunks(path, chunk_rows, wanted)
+    else:
+        chunks = read_csv_chunks(path, chunk_rows, wanted, text)
+    for chunk, nbytes in chunks:
+        if served:
+            chunk.rename(columns=served, inplace=True)
+            chunk.attrs["header"] = [served.get(c, c) for c in chunk.attrs["header"]]
+            chunk.attrs["sources"] = sources
+        yield chunk, nbytes
 
 
 @dataclass(frozen=True)
@@ -47,14 +61,15 @@ class FileChunk:
 
 
 def chunks_of_files(paths: list[Path], chunk_rows: int, columns: list[str] | None = None,
-                    text_columns: frozenset[str] = frozenset()) -> Iterator[FileChunk]:
+                    text_columns: frozenset[str] = frozenset(),
+                    sources: Mapping[str, str] | None = None) -> Iterator[FileChunk]:
     """Every chunk of every file, in order, as one stream: under `prefetched`, the next file's first chunk is
     parsed while the stage works on this file's last (a daily partition is often a single chunk, which read file
     by file was never read ahead). A file that cannot be read ends its part of the stream with a FileChunk that
     holds the StageError, and the next file follows."""
     for index, path in enumerate(paths):
         try:
-            for frame, nbytes in read_chunks(path, chunk_rows, columns, text_columns):
+            for frame, nbytes in read_chunks(path, chunk_rows, columns, text_columns, sources):
                 yield FileChunk(index, frame, nbytes)
         except StageError as exc:
             yield FileChunk(index, None, 0, exc)

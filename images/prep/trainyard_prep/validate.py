@@ -163,7 +163,9 @@ def _describe(result: Any, chunk: pd.DataFrame, truncated: pd.Index, header: lis
         unknown = [name for name in header if name not in set(expected)]  # a typo is a column nobody expects
         close = difflib.get_close_matches(column, unknown, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"{column}: column is missing (the file has {len(header)} columns){hint}"
+        source = chunk.attrs.get("sources", {}).get(column)
+        what = f"source column {source!r} is missing" if source else "column is missing"
+        return f"{column}: {what} (the file has {len(header)} columns){hint}"
     if kind == "expect_column_values_to_be_in_type_list":
         values = chunk[column]
         observed = details.get("observed_value") or values.dtype.name
@@ -290,7 +292,7 @@ def validate_files(run_dir: Path, config: PipelineConfig, entries: list[dict[str
     reports = [FileReport(file=entry["source"]) for entry in entries]
     paths = [run_dir / entry["snapshot"] for entry in entries]
     stream = chunks_of_files(paths, config.prep.rows_per_validation(len(expected)), expected,
-                             text_columns(config.data))
+                             text_columns(config.data), config.data.source_columns())
     for item in progress.timed("read", prefetched(stream)):
         report = reports[item.file]
         if item.error is not None:
