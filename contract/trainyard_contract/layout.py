@@ -3,7 +3,7 @@
 Every file or folder one stage writes and another reads has one name here, as an `Artifact`. An artifact is a path
 relative to the run folder and works wherever a path does: `run_dir / METRICS` is `<run>/eval/metrics.json`.
 Writers that stage a whole run sub-folder (`staged_dir(run_dir / EVAL)`) put a file in it by its `name`:
-`out / METRICS.name`. `tests/unit/test_layout_names.py` fails when a run-folder name is spelled anywhere else.
+`out / METRICS.name`. `tests/unit/test_layout.py` fails when a run-folder name is spelled anywhere else.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """What a training job does when one of its replicas ends: one pure rule for both job monitors.
 
 The local backend's `JobMonitor` and the Kubernetes backend's `KubernetesJob` watch the replicas differently
-(process exit codes, pod phases) and ask this module what to do, so the two cannot drift apart. The rule follows
-Kubeflow's TFJob: a worker is replaced while the restart budget lasts (`restartPolicy: ExitCode`: only exit codes
-that a retry can fix); a parameter server holds variables and cannot be replaced (the attempt fails, and Airflow's
-retry resumes from the last checkpoint); the chief's end is the job's end and is handled by the monitor itself.
+(process exit codes, pod phases) and ask this module what to do, so the two cannot drift apart. The rule is shaped
+like Kubeflow's TFJob `restartPolicy: ExitCode`: a worker is replaced while the restart budget lasts unless its exit
+code says a retry cannot help; a parameter server holds variables and cannot be replaced (the attempt fails, and
+Airflow's retry resumes from the last checkpoint); the chief's end is the job's end and is handled by the monitor
+itself. The permanent codes are not TFJob's: TFJob treats 1, 2, 126, 127, 128 and 139 as permanent, Trainyard only
+its own stage codes 2 (usage), 3 (bad input) and 4 (volume full or not writable), `runtime.NON_RETRYABLE_EXIT_CODES`.
+Any other end (1, a signal such as 139's SIGSEGV, a vanished pod) is retried while the budget lasts.
 """
 
 from __future__ import annotations
