@@ -37,7 +37,9 @@ K8sName = Annotated[str, StringConstraints(pattern=K8S_NAME, max_length=63)]
 Quantity = Annotated[str, StringConstraints(pattern=QUANTITY)]
 # A data file's own column name (mapped to an identifier by `source_column`): any text but a comma (CSV headers
 # are read by splitting on commas) or a control character, and not only spaces.
-SourceColumn = Annotated[str, StringConstraints(pattern=r"^[^,\x00-\x1f]*[^,\s][^,\x00-\x1f]*$", max_length=255)]
+SOURCE_COLUMN_MAX = 255
+SourceColumn = Annotated[str, StringConstraints(pattern=r"^[^,\x00-\x1f]*[^,\s][^,\x00-\x1f]*$",
+                                                max_length=SOURCE_COLUMN_MAX)]
 # A registry host (and port) with an optional path: registry.example.com/ml, localhost:5000
 RegistryPrefix = Annotated[str, StringConstraints(
     pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]+([._-][a-z0-9]+)*)*$", max_length=200)]
@@ -270,14 +272,15 @@ class DataConfig(Strict):
 
     @model_validator(mode="after")
     def _unique_columns(self) -> DataConfig:
+        names = self.column_names()
         seen: set[str] = {self.label.name}
-        for name in self.column_names():
+        for name in names:
             if name in seen:
                 raise ValueError(f"column {name!r} is defined twice (features and label must be distinct)")
             seen.add(name)
         mapped = self.source_columns()
         read: dict[str, str] = {}
-        for name in [*self.column_names(), self.label.name]:
+        for name in [*names, self.label.name]:
             source = mapped.get(name, name)
             if source in read:
                 raise ValueError(f"source column {source!r} is read twice (by {read[source]!r} and {name!r}); "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
 import os
 import sys
@@ -55,13 +54,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("trainyard check: no pipeline configs (*.yaml) found", file=sys.stderr)
         return EXIT_FAILED
     configs, errors = check_folder(paths)
-    from trainyard.scaffold import model_module_problem, pairing_problems
+    from trainyard.scaffold import installed_models_dir, model_module_problem, pairing_problems
 
     by_name = {path.stem: path for path in paths}
     buildable = []
     failed: set[str] = set()
     models_here = settings.stage_python() == sys.executable
-    if models_here and importlib.util.find_spec("trainyard_trainer") is None:
+    if models_here and installed_models_dir() is None:
         print("trainyard check: note: model modules not checked: the trainer's package is not installed in this "
               "Airflow (it lives in the training image); set TRAINYARD_STAGE_PYTHON to an interpreter that has it "
               "to check them here")

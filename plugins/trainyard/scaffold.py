@@ -22,10 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from trainyard_contract import layout
+from trainyard_contract.schema import IDENTIFIER, SOURCE_COLUMN_MAX, SourceColumn
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,50}$")
-COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+COLUMN = re.compile(IDENTIFIER)
+SOURCE_COLUMN = TypeAdapter(SourceColumn)  # what `source_column` accepts: the schema's own rule
 MODELS_PACKAGE = "trainyard_trainer.models"
 MAX_CLASSES = 100
 
@@ -80,6 +84,14 @@ def read_sample(sample: Path) -> tuple[Any, str]:
                             f"({str(exc).strip()})") from None
 
 
+def valid_source_column(name: str) -> bool:
+    try:
+        SOURCE_COLUMN.validate_python(name)
+    except ValidationError:
+        return False
+    return True
+
+
 def served_names(columns: list[str]) -> dict[str, str]:
     """{source column: served name}: a name that is not an identifier (`od280/od315_of_diluted_wines`,
     `sepal length (cm)`) becomes one (`od280_od315_of_diluted_wines`, `sepal_length_cm`), unique among all."""
@@ -122,10 +134,11 @@ def infer(sample: Path, label: str, task: str | None = None) -> tuple[list[str],
     if frame.empty:
         raise ScaffoldError(f"{sample}: has a header but no rows; give a sample with data")
     frame.columns = [str(c) for c in frame.columns]
-    unusable = [c for c in frame.columns if "," in c or not c.strip() or any(ord(ch) < 32 for ch in c)]
+    unusable = [c for c in frame.columns if not COLUMN.match(c) and not valid_source_column(c)]
     if unusable:
-        raise ScaffoldError(f"{sample}: column name(s) {unusable[:5]} cannot be read from a CSV header (a comma, "
-                            "a control character or nothing but spaces): rename them in the file")
+        raise ScaffoldError(f"{sample}: column name(s) {[c[:60] for c in unusable[:5]]} cannot be a source_column "
+                            f"(a comma, a control character, nothing but spaces, or over {SOURCE_COLUMN_MAX} "
+                            "characters): rename them in the file")
     names = served_names(list(frame.columns))
     if label not in frame.columns:
         close = [c for c in frame.columns if c.lower() == label.lower()]
@@ -253,7 +266,8 @@ def port_free(port: int) -> bool:
 def serving_ports(ours_running: bool) -> tuple[tuple[int, int] | None, str | None]:
     """(ports to write, note): None (the defaults) when they are free or Trainyard's own local server holds
     them (it serves every pipeline's models); else two free ports, and a note that says which and why."""
-    if ours_running or all(port_free(port) for port in DEFAULT_PORTS):
+    taken = [str(port) for port in DEFAULT_PORTS if not port_free(port)]
+    if ours_running or not taken:
         return None, None
     chosen: list[int] = []
     sockets = []
@@ -266,7 +280,6 @@ def serving_ports(ours_running: bool) -> tuple[tuple[int, int] | None, str | Non
     finally:
         for held in sockets:
             held.close()
-    taken = [str(port) for port in DEFAULT_PORTS if not port_free(port)]
     return (chosen[0], chosen[1]), (
         f"port(s) {', '.join(taken)} are held by another program (not a Trainyard server): deploy.grpc_port "
         f"{chosen[0]} and deploy.rest_port {chosen[1]} are free now; start the local server on them with "

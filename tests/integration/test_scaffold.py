@@ -244,3 +244,15 @@ def test_a_teams_own_pipelines_folder_does_not_meet_the_examples(tmp_path: Path)
                              text=True, timeout=300, env=env, cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.splitlines()[-1] == "ok  wine" and "churn" not in checked.stdout + checked.stderr
+
+
+def test_a_column_name_no_config_could_hold_is_refused_before_anything_is_written(
+        name: str, pipelines_dir: Path, data_dir: Path, tmp_path: Path) -> None:
+    from trainyard.scaffold import ScaffoldError, new_pipeline
+
+    long_name = "reading (" + "x" * 260 + ")"  # over source_column's 255 characters
+    sample = tmp_path / "s.csv"
+    sample.write_text(f"price,{long_name}\n1,3\n2,4\n1,5\n")
+    with pytest.raises(ScaffoldError, match=r"cannot be a source_column.*255 characters"):
+        new_pipeline(name, sample, "price", pipelines=pipelines_dir, dags=tmp_path, volume=data_dir)
+    assert not (pipelines_dir / f"{name}.yaml").exists()
