@@ -47,8 +47,6 @@ EVAL = Artifact("eval", description="metrics, smoke set and report")
 DEPLOY = Artifact("deploy", description="the decision and the deploy result")
 PARTS = Artifact("parts", description="each file group's validate / prepare output, joined by merge_data "
                  "(prep.parallelism above 1; a single-pod run stages its one group here too)")
-RUN_SUBDIRS = tuple(a.folder for a in (INPUTS, VALIDATION, PREPARED, CLUSTER, CHECKPOINTS, MODEL, TENSORBOARD,
-                                       EVAL, DEPLOY, PARTS))
 
 # -- files and folders inside them --------------------------------------------------------------------------------
 INPUTS_MANIFEST = Artifact("inputs", "manifest.json", "the pinned partitions: paths, sizes, sha256, window")
@@ -72,10 +70,9 @@ REPORT = Artifact("eval", "report.html", "the evaluation report with plots")
 DECISION = Artifact("deploy", "decision.json", "deploy or skip, with reasons (the deploy stage's blessing)")
 DEPLOY_RESULT = Artifact("deploy", "result.json", "the published version, or the rollback")
 
-RUN_ARTIFACTS = (INPUTS_MANIFEST, INPUT_GROUPS, VALIDATION_PARTS, PREPARED_PARTS, VALIDATION_RESULTS, DATA_DOCS,
-                 DATA_DOCS_INDEX, PREPARED_SCHEMA, PREPARED_STATS,
-                 PREPARED_MANIFEST, CLUSTER_LOGS, TENSORBOARD_TRAIN, SAVED_MODEL, MODEL_SCHEMA, TRAINING_RECORD,
-                 METRICS, SMOKE_SET, REPORT, DECISION, DEPLOY_RESULT)
+# collected, not kept by hand: an artifact declared above is in these (the spelling guard and the DAG docs use them)
+RUN_SUBDIRS = tuple(a.folder for a in list(globals().values()) if isinstance(a, Artifact) and not a.name)
+RUN_ARTIFACTS = tuple(a for a in list(globals().values()) if isinstance(a, Artifact) and a.name)
 
 # -- a published model version: models/<model_name>/<version>/ (TF Serving's model_base_path) -------------------
 VERSION_METADATA = "trainyard.json"  # lineage of a published version, beside the SavedModel's files

@@ -1,6 +1,7 @@
-"""What every stage entrypoint (images/*/__main__.py) shares: exit codes, arguments, the config from the pod env,
-the result line, progress logging. Part of the contract package: the Airflow side builds the pod env and reads the
-result with the same names, and every image installs it (no Airflow, no TensorFlow here)."""
+"""What every stage entrypoint (images/*/__main__.py) shares: one shape (`stage_main`), exit codes, typed failures,
+arguments, the config from the pod env, the result line, progress logging. Part of the contract package: the Airflow
+side builds the pod env and reads the result with the same names, and every image installs it (no Airflow, no
+TensorFlow here)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,15 @@ import errno
 import json
 import logging
 import os
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from trainyard_contract.atomic import write_json
 from trainyard_contract.schema import PipelineConfig
 
 log = logging.getLogger("trainyard")
-T = TypeVar("T")
-_END = object()
 
 # Exit codes of every stage entrypoint; the operators do not retry 2, 3 and 4 (a retry would fail the same way).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_INPUT, EXIT_ENVIRONMENT = 0, 1, 2, 3, 4
@@ -44,8 +43,19 @@ def is_retryable_exit(code: int | None) -> bool:
     return code not in NON_RETRYABLE_EXIT_CODES
 
 
-class StageError(Exception):
-    """A problem with the stage's input (data, config) that the user must fix; printed without a stack trace."""
+class StageFailure(Exception):
+    """A failure a stage reports in its own words, without a stack trace. `exit_code` says whether a retry may help
+    (EXIT_FAILED: it may) and `outcome` how the entrypoint words it: "<command> <outcome>: <the message>"."""
+
+    exit_code = EXIT_FAILED
+    outcome = "failed"
+
+
+class StageError(StageFailure):
+    """Bad input the user must fix (the data, the config, the model code): exit EXIT_BAD_INPUT, never retried.
+    Stages raise it where they know the input is at fault; any other exception stays a retryable failure."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 # errno values that no retry fixes: someone must free space or fix permissions first
@@ -203,7 +213,65 @@ def load_config() -> PipelineConfig:
     raw = os.environ.get(CONFIG_ENV)
     if not raw:
         raise StageError(f"{CONFIG_ENV} is not set: this entrypoint is started by Trainyard with the run's config")
-    return PipelineConfig.model_validate_json(raw)
+    try:
+        return PipelineConfig.model_validate_json(raw)
+    except ValueError as exc:  # pydantic's ValidationError: a config the Airflow side's schema did not check
+        raise StageError(f"{CONFIG_ENV} is not a config this image accepts: {exc}") from None
+
+
+Outcome = dict[str, Any] | int | None
+
+
+@dataclass(frozen=True)
+class Command:
+    """One sub-command of an image's entrypoint (the name is the parser's sub-command, the key in `COMMANDS`).
+
+    `run(args, config)` returns the stage's result (a dict: written as its result and logged), None (success, no
+    result: a training job's non-chief worker) or an exit code (a server that reports in its own way). `config` is
+    the run's config from the pod env, or None for a command that `needs_config=False` (a server, `check-configs`)."""
+
+    run: Callable[[argparse.Namespace, PipelineConfig | None], Outcome]
+    needs_config: bool = True
+
+
+def stage_main(parser: argparse.ArgumentParser, commands: Mapping[str, Command], argv: list[str] | None = None,
+               describe: Callable[[argparse.Namespace], str] = lambda args: "") -> int:
+    """The one shape of every image's entrypoint: parse, load the config, run the command, write its result; a
+    StageFailure is reported in its words with its exit code (a full or read-only volume as EXIT_ENVIRONMENT),
+    anything else with its traceback and the cause line (`run_stage`). `describe(args)` adds to the start line."""
+
+    def main() -> int:
+        args = parse_args(parser, argv)
+        if isinstance(args, int):
+            return args
+        command = commands[args.command]
+        try:
+            config = load_config() if command.needs_config else None
+            if config is not None:
+                log.info("%s: pipeline=%s run=%s run_dir=%s%s", args.command, config.name, args.run_id,
+                         args.run_dir, describe(args))
+            outcome = command.run(args, config)
+        except StageFailure as exc:
+            problem = environment_problem(exc)
+            if problem is not None:  # a checkpoint or export that met a full or read-only volume
+                return report_error(f"{args.command} failed: {problem}: {exc}", EXIT_ENVIRONMENT)
+            return report_error(f"{args.command} {exc.outcome}: {exc}", exc.exit_code)
+        if isinstance(outcome, int):
+            return outcome
+        if outcome is not None:
+            write_result(args.xcom, outcome)
+            log.info("%s succeeded: %s", args.command, outcome)
+        return EXIT_OK
+
+    return run_stage(main)
+
+
+def command_names(parser: argparse.ArgumentParser) -> set[str]:
+    """The sub-commands `parser` accepts (a test holds them equal to an entrypoint's `COMMANDS`)."""
+    for action in parser._actions:  # argparse keeps its sub-parsers here and nowhere public
+        if isinstance(action, argparse._SubParsersAction):
+            return set(action.choices)
+    return set()
 
 
 def load_trigger() -> dict[str, Any] | None:
@@ -241,75 +309,3 @@ def result_from_log(lines: Iterable[str]) -> dict[str, Any] | None:
 
 def relative_to_volume(volume: Path, path: Path) -> str:
     return str(path.relative_to(volume))
-
-
-class Progress:
-    """Logs rows and MB/s at most every `every` seconds, and a final line; with `phase`/`timed`, the seconds of
-    each phase of the work, reported as microseconds per row (where a stage's time goes)."""
-
-    def __init__(self, what: str, every: float = 5.0):
-        self.what, self.every = what, every
-        self.rows = 0
-        self.bytes = 0
-        self.start = self.last = time.monotonic()
-        self.phases: dict[str, float] = {}
-
-    def add(self, rows: int, nbytes: int) -> None:
-        self.rows += rows
-        self.bytes += nbytes
-        now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            self._log("progress")
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
-
-    def timed(self, name: str, items: Iterable[T]) -> Iterator[T]:
-        """`items`, with the time spent producing each one (reading a chunk, say) counted as phase `name`."""
-        iterator = iter(items)
-        while True:
-            with self.phase(name):
-                item = next(iterator, _END)
-            if item is _END:
-                return
-            yield item  # type: ignore[misc]
-
-    def done(self) -> dict[str, Any]:
-        self._log("done")
-        elapsed = max(time.monotonic() - self.start, 1e-9)
-        out: dict[str, Any] = {"rows": self.rows, "bytes": self.bytes, "seconds": round(elapsed, 3),
-                               "rows_per_second": round(self.rows / elapsed, 1)}
-        if self.phases:
-            rows = max(self.rows, 1)
-            out["us_per_row"] = {name: round(seconds * 1e6 / rows, 3) for name, seconds in self.phases.items()}
-        return out
-
-    def _log(self, label: str) -> None:
-        elapsed = max(time.monotonic() - self.start, 1e-9)
-        log.info("%s %s: %d rows, %.1f MB, %.0f rows/s, %.1f MB/s", self.what, label, self.rows,
-                 self.bytes / 1e6, self.rows / elapsed, self.bytes / 1e6 / elapsed)
-
-
-def combined_throughput(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Figures of groups that ran side by side (`Progress.done()` each): rows and bytes add up, the seconds are
-    the slowest group's, and each phase's microseconds per row are the groups' average weighted by rows.
-    One group's figures come back as they are."""
-    if len(parts) == 1:
-        return dict(parts[0])
-    rows = sum(p["rows"] for p in parts)
-    seconds = max((p["seconds"] for p in parts), default=0.0)
-    out: dict[str, Any] = {"rows": rows, "bytes": sum(p["bytes"] for p in parts), "seconds": seconds,
-                           "rows_per_second": round(rows / max(seconds, 1e-9), 1)}
-    phases: dict[str, float] = {}
-    for part in parts:
-        for name, us in part.get("us_per_row", {}).items():
-            phases[name] = phases.get(name, 0.0) + us * part["rows"]
-    if phases:
-        out["us_per_row"] = {name: round(total / max(rows, 1), 3) for name, total in phases.items()}
-    return out

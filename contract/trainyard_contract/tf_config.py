@@ -6,6 +6,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from trainyard_contract.runtime import StageError
+
 
 @dataclass(frozen=True)
 class TaskConfig:
@@ -30,4 +32,4 @@ def read_tf_config(environ: dict[str, str] | None = None) -> TaskConfig | None:
         data = json.loads(raw)
         return TaskConfig(cluster=data["cluster"], role=data["task"]["type"], index=int(data["task"]["index"]))
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"TF_CONFIG is not a valid cluster spec: {exc}") from None
+        raise StageError(f"TF_CONFIG is not a valid cluster spec: {exc}") from None

@@ -410,8 +410,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"trainyard predict: no evaluated run of {config.name} yet (run `trainyard run {config.name}`)",
               file=sys.stderr)
         return EXIT_FAILED
-    smoke = json.loads(runs[-1].read_text())
-    instance = {name: values[0] for name, values in smoke["inputs"].items()}
+    from trainyard_contract.artifacts import SmokeSet
+
+    try:
+        smoke = SmokeSet.model_validate_json(runs[-1].read_bytes())
+    except ValueError as exc:  # left by another version, or edited: say which file, and how to get a good one
+        print(f"trainyard predict: {runs[-1]} is not what evaluate writes ({exc.errors()[0]['msg']}); run "
+              f"`trainyard run {config.name}` again", file=sys.stderr)
+        return EXIT_FAILED
+    instance = {name: values[0] for name, values in smoke.inputs.items()}
     port = args.rest_port or config.deploy.rest_port  # the port the pipeline deploys to, unless told otherwise
     url = f"http://127.0.0.1:{port}/v1/models/{config.model_name}:predict"
     request = urllib.request.Request(url, data=json.dumps({"instances": [instance]}).encode(),
@@ -428,11 +435,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     prediction = answer["predictions"][0]
     print(f"POST {url}")
     print(f"instance: {json.dumps(instance)}")
-    if "predictions" in smoke:  # regression: the one output is the prediction itself
-        print(f"predicted {float(prediction):.6g}; the evaluator predicted {smoke['predictions'][0]:.6g}")
+    if smoke.predictions is not None:  # regression: the one output is the prediction itself
+        print(f"predicted {float(prediction):.6g}; the evaluator predicted {smoke.predictions[0]:.6g}")
         return EXIT_OK
     print(f"predicted class {prediction['classes']!r} (p={max(prediction['probabilities']):.3f}); "
-          f"the evaluator expected class id {smoke['class_ids'][0]}")
+          f"the evaluator expected class id {(smoke.class_ids or [None])[0]}")
     return EXIT_OK
 
 

@@ -208,8 +208,8 @@ class TrainTeardownOperator(BaseOperator):
 
     def execute(self, context: Any) -> int:
         from trainyard.backends import launcher_for
+        from trainyard.cluster_spec import job_name
         from trainyard.podspec import job_selector
-        from trainyard_contract.cluster_spec import job_name
         from trainyard_contract.layout import run_key
 
         run = run_context(context, self.config.name)

@@ -188,6 +188,19 @@ def stages_for(config: PipelineConfig, stages: Iterable[Stage] = STAGES) -> tupl
     return tuple(stage for stage in stages if stage.only_if(config))
 
 
+def wiring_problems(stages: Iterable[Stage]) -> list[str]:
+    """What a DAG of `stages` (in order) would read before any stage of it writes it: each stage's `reads` must
+    be among the `writes` of the stages before it. Empty when the wiring holds (tests/unit/test_registry_wiring.py
+    checks every shape of DAG the configs can build)."""
+    written: set[Artifact] = set()
+    problems = []
+    for stage in stages:
+        problems += [f"{stage.task_id} reads {artifact}, which no stage before it writes"
+                     for artifact in stage.reads if artifact not in written]
+        written.update(stage.writes)
+    return problems
+
+
 def mapped_over(stage: Stage, present: Iterable[Stage]) -> Stage | None:
     """The stage `stage` is mapped over in a DAG of the `present` stages, or None (one plain task)."""
     if stage.maps_over is None:

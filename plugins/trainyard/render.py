@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
+from trainyard.cluster_spec import job_name, kubernetes_hosts
 from trainyard.podspec import (
     build_headless_service,
     build_job_pods,
@@ -22,7 +23,6 @@ from trainyard.podspec import (
 )
 from trainyard.registry import STAGES, Stage, mapped_over, stages_for
 from trainyard.stages import RunContext, stage_container, train_containers, train_replicas
-from trainyard_contract.cluster_spec import job_name, kubernetes_hosts
 from trainyard_contract.layout import run_key
 from trainyard_contract.schema import PipelineConfig
 

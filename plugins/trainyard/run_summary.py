@@ -4,12 +4,12 @@ log's timestamps. Mapped tasks get one row per index (`prepare_data [1]`)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainyard_contract import layout
+from trainyard_contract.artifacts import TrainingRecord
 
 NOT_RUN = "not run"
 DECIDED = frozenset({"skipped", "upstream_failed", "removed"})  # states a task is put in without running
@@ -50,15 +50,14 @@ def training_rates(run_dir: Path) -> str | None:
     """`300 steps in 4.9s: 61.2 steps/s, 3917 examples/s` from the run's training record, if it trained."""
     path = Path(run_dir) / layout.TRAINING_RECORD.relpath
     try:
-        record = json.loads(path.read_text())
-        steps = int(record["steps"]) - int(record.get("resumed_from_step") or 0)
-        seconds = float(record["seconds"])
-        examples = float(record["examples_per_second"])
-    except (OSError, ValueError, KeyError, TypeError):
+        record = TrainingRecord.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):  # not trained (yet), or a record of another version: no rates, still a table
         return None
-    rate = steps / seconds if seconds > 0 else 0.0
-    resumed = f" (resumed at step {record['resumed_from_step']})" if record.get("resumed_from_step") else ""
-    return f"{steps} steps in {seconds:.1f}s{resumed}: {rate:.1f} steps/s, {examples:.0f} examples/s"
+    steps = record.steps - record.resumed_from_step
+    rate = steps / record.seconds if record.seconds > 0 else 0.0
+    resumed = f" (resumed at step {record.resumed_from_step})" if record.resumed_from_step else ""
+    return (f"{steps} steps in {record.seconds:.1f}s{resumed}: {rate:.1f} steps/s, "
+            f"{record.examples_per_second:.0f} examples/s")
 
 
 def summary_table(rows: list[TaskRow], training: str | None, run_seconds: float) -> list[str]:

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainyard.cluster_spec import Replicas, tf_config
 from trainyard.registry import Stage
-from trainyard_contract.cluster_spec import Replicas, tf_config
 from trainyard_contract.layout import RunLayout
 from trainyard_contract.runtime import CONFIG_ENV, RUN_ENV, XCOM_RETURN
 from trainyard_contract.schema import PipelineConfig, Resources

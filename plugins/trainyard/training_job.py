@@ -9,11 +9,11 @@ import logging
 from typing import Any
 
 from trainyard.backends.base import Launcher
+from trainyard.cluster_spec import job_name
 from trainyard.podspec import build_headless_service, build_job_pods, build_stage_pod
 from trainyard.registry import Stage
 from trainyard.stages import RunContext, stage_container, train_containers, train_replicas
 from trainyard_contract import layout
-from trainyard_contract.cluster_spec import job_name
 from trainyard_contract.layout import RunLayout
 from trainyard_contract.schema import PipelineConfig
 

@@ -49,10 +49,10 @@ def digits_config(monkeypatch: pytest.MonkeyPatch, **changes: dict):  # noqa: AN
 def job_objects(config, run_id: str, idle: bool = False):  # noqa: ANN001, ANN201
     """The training job of a run of `config` as the train task builds it: pods, headless Service, run labels.
     `idle`: every replica only sleeps (no run folder needed: the placement is what is tested)."""
+    from trainyard.cluster_spec import job_name, kubernetes_hosts
     from trainyard.podspec import build_headless_service, build_job_pods, job_selector
     from trainyard.registry import stage_named
     from trainyard.stages import RunContext, train_containers, train_replicas
-    from trainyard_contract.cluster_spec import job_name, kubernetes_hosts
     from trainyard_contract.layout import run_key
 
     run = RunContext(pipeline=config.name, run_id=run_id)

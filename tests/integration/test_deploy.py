@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -27,6 +28,12 @@ CONFIG = PipelineConfig.model_validate({
 SMOKE = {"inputs": {"a": [2.0, 0.0], "b": [0.0, 2.0]}, "dtypes": {"a": "float", "b": "float"}, "class_ids": [0, 1]}
 
 
+def decision_of(deploy: bool, *reasons: str) -> dict:
+    """A decision.json as decide writes it (the first model of its name: no champion, nothing compared)."""
+    return {"deploy": deploy, "forced": False, "reasons": list(reasons), "champion": None,
+            "metrics": {"accuracy": 1.0}, "data_window_end": {}, "comparison": None, "signature": None}
+
+
 def fake_run(volume: Path, name: str, smoke: dict, broken: bool = False, decision: dict | None = None) -> Path:
     """A run folder as evaluate and decide leave it (decide blessed the model unless `decision` says otherwise)."""
     run_dir = volume / layout.RUNS / "tiny" / name
@@ -37,7 +44,7 @@ def fake_run(volume: Path, name: str, smoke: dict, broken: bool = False, decisio
     (run_dir / layout.SMOKE_SET).write_text(json.dumps(smoke))
     (run_dir / layout.METRICS).write_text(json.dumps({"challenger": {"accuracy": 1.0}}))
     (run_dir / layout.DEPLOY).mkdir()
-    blessing = {"deploy": True, "forced": False, "reasons": ["accuracy 1.0 >= 0.5"]}
+    blessing = decision_of(True, "accuracy 1.0 >= 0.5")
     (run_dir / layout.DECISION).write_text(json.dumps(decision if decision is not None else blessing))
     return run_dir
 
@@ -165,16 +172,29 @@ def test_an_unverified_leftover_is_removed_by_another_deploy_and_by_a_server_sta
         restarted.stop()
 
 
-@pytest.mark.parametrize("decision", [
-    {"deploy": False, "forced": False, "reasons": ["accuracy 0.61 < min 0.8"]},
-    {"deploy": "yes", "reasons": ["not a boolean"]},
-    ["not", "an", "object"],
-])
-def test_deploy_without_decide_s_blessing_publishes_nothing(volume: tuple[Path, Server], decision: object) -> None:
+def test_deploy_without_decide_s_blessing_publishes_nothing(volume: tuple[Path, Server]) -> None:
     root, server = volume
-    run_dir = fake_run(root, "skipped", {**SMOKE, "probabilities": expected_probabilities()}, decision=decision)
+    run_dir = fake_run(root, "skipped", {**SMOKE, "probabilities": expected_probabilities()},
+                       decision=decision_of(False, "accuracy 0.61 < min 0.8"))
     result = deploy(CONFIG, root, run_dir, "skipped", server.grpc)
-    assert result["deployed"] is False and "says SKIP" in result["skipped"] and "force_deploy" in result["skipped"]
+    assert result["deployed"] is False and "says SKIP (accuracy 0.61 < min 0.8)" in result["skipped"]
+    assert "force_deploy" in result["skipped"]
+    assert layout.published_versions(root / layout.MODELS / "tiny") == []
+    assert not (run_dir / layout.DEPLOY_RESULT).exists()
+
+
+@pytest.mark.parametrize(("decision", "says"), [
+    ({**decision_of(True), "deploy": "yes"}, "deploy: Input should be a valid boolean"),
+    ({"deploy": True, "reasons": []}, "forced: Field required"),
+    (["not", "an", "object"], "(the whole file): Input should be an object"),
+])
+def test_a_decision_decide_would_not_write_is_bad_input_and_publishes_nothing(
+        volume: tuple[Path, Server], decision: object, says: str) -> None:
+    """A blessing is what decide wrote, or nothing: a hand-edited or truncated decision names its file and field."""
+    root, server = volume
+    run_dir = fake_run(root, "edited", {**SMOKE, "probabilities": expected_probabilities()}, decision=decision)
+    with pytest.raises(StageError, match=f"is not what decide writes: {re.escape(says)}"):
+        deploy(CONFIG, root, run_dir, "edited", server.grpc)
     assert layout.published_versions(root / layout.MODELS / "tiny") == []
     assert not (run_dir / layout.DEPLOY_RESULT).exists()
 
@@ -186,7 +206,7 @@ def test_deploy_without_a_decision_is_bad_input(volume: tuple[Path, Server]) -> 
     with pytest.raises(StageError, match="decision.json is missing: decide must run before deploy"):
         deploy(CONFIG, root, run_dir, "undecided", server.grpc)
     (run_dir / layout.DECISION).write_text("{half")
-    with pytest.raises(StageError, match="is not valid JSON"):
+    with pytest.raises(StageError, match="is not what decide writes: \\(the whole file\\): Invalid JSON"):
         deploy(CONFIG, root, run_dir, "undecided", server.grpc)
     assert layout.published_versions(root / layout.MODELS / "tiny") == []
 
@@ -305,9 +325,11 @@ def expected_probabilities() -> list[list[float]]:
 def test_the_smoke_test_says_where_the_predictions_differ() -> None:
     import numpy as np
 
+    from trainyard_contract.artifacts import SmokeSet
     from trainyard_serving.deploy import first_difference
 
-    smoke = {"class_ids": [0, 1], "probabilities": [[0.9, 0.1], [0.2, 0.8]]}
+    smoke = SmokeSet(inputs={"a": [1.0, 2.0]}, dtypes={"a": "float"}, class_ids=[0, 1],
+                     probabilities=[[0.9, 0.1], [0.2, 0.8]])
     assert first_difference([0, 1], np.array([[0.9, 0.1], [0.2, 0.8]]), smoke) is None
     assert first_difference([0, 1], np.array([[0.9, 0.1], [0.2003, 0.7997]]), smoke) == (
         "example 1: probability of class 0 is 0.200300, the evaluator's 0.200000 (tolerance 0.0001)")

@@ -30,7 +30,9 @@ def test_two_checkouts_each_get_their_own_server_or_a_clear_refusal(pipelines_di
     export_tiny_model(first / layout.MODELS / "digits" / "1")  # the model the first checkout serves
     run = layout.runs_dir(first, "digits") / "r1"
     (run / layout.EVAL).mkdir(parents=True)
-    (run / layout.SMOKE_SET).write_text(json.dumps({"inputs": {"a": [2.0], "b": [0.0]}, "class_ids": [0]}))
+    (run / layout.SMOKE_SET).write_text(json.dumps({"inputs": {"a": [2.0], "b": [0.0]}, "class_ids": [0],
+                                                    "probabilities": [[0.98, 0.02]],
+                                                    "dtypes": {"a": "float", "b": "float"}}))
     config = pipelines_dir / "digits.yaml"
     config.write_text(config.read_text().replace("deploy:\n", f"deploy:\n  rest_port: {rest_port}\n"))
     try:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.integration.serving_helpers import Server, http
 from tests.run_table import task_table
-from trainyard_contract import layout
+from trainyard_contract import artifacts, layout
 from trainyard_prep.example_data import write_digits
 
 pytestmark = pytest.mark.integration
@@ -78,6 +78,8 @@ def test_example_pipeline_runs_through_airflow(pipelines_dir: Path, data_dir: Pa
     decision = json.loads((run_dir / layout.DECISION).read_text())
     assert decision["deploy"] is True and not decision["forced"]
     assert json.loads((run_dir / layout.DEPLOY_RESULT).read_text())["version"] == 1
+    for artifact, model in artifacts.TYPED.items():  # what one image writes, another reads: the typed run files
+        model.model_validate_json((run_dir / artifact).read_bytes())
     smoke = json.loads((run_dir / layout.SMOKE_SET).read_text())
     instance = {name: values[0] for name, values in smoke["inputs"].items()}
     status, answer = http("POST", serving.url("/v1/models/digits:predict"), {"instances": [instance]})

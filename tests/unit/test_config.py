@@ -162,10 +162,10 @@ def test_an_error_in_a_profile_points_at_the_profile_and_a_missing_one_is_named(
 def test_the_shipped_small_profile_fits_one_two_cpu_node_without_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every example pipeline under TRAINYARD_PROFILE=small: no GPU anywhere, and a whole training job plus one
     stage pod and the serving pod request under 2 CPUs."""
+    from trainyard.cluster_spec import kubernetes_hosts
     from trainyard.podspec import build_job_pods
     from trainyard.registry import stage_named
     from trainyard.stages import RunContext, train_containers, train_replicas
-    from trainyard_contract.cluster_spec import kubernetes_hosts
 
     monkeypatch.setenv("TRAINYARD_PROFILE", "small")
     configs, errors = check_folder(pipeline_files(REPO / "pipelines_config"))

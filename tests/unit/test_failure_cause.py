@@ -12,7 +12,7 @@ import pytest
 
 from trainyard.backends.base import StageFailed
 from trainyard.local_run import retry_advice
-from trainyard_contract.replica_policy import Action, on_replica_exit
+from trainyard.replica_policy import Action, on_replica_exit
 from trainyard_contract.runtime import (
     ERROR_MARKER,
     EXIT_BAD_INPUT,

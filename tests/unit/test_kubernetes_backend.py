@@ -238,9 +238,9 @@ def test_the_role_grants_exactly_what_the_backend_uses(config, monkeypatch: pyte
     from airflow.providers.cncf.kubernetes.utils import pod_manager
 
     from trainyard.backends.kubernetes_job import KubernetesJob
+    from trainyard.cluster_spec import job_name, kubernetes_hosts
     from trainyard.podspec import build_headless_service, build_job_pods, job_selector
     from trainyard.stages import train_containers, train_replicas
-    from trainyard_contract.cluster_spec import job_name, kubernetes_hosts
     from trainyard_contract.layout import run_key
 
     mocks: list[object] = []

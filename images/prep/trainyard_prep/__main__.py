@@ -16,17 +16,13 @@ from typing import Any
 
 from trainyard_contract import layout
 from trainyard_contract.runtime import (
-    EXIT_BAD_INPUT,
+    Command,
     StageError,
     add_run_arguments,
-    load_config,
     load_trigger,
     log,
-    parse_args,
     relative_to_volume,
-    report_error,
-    run_stage,
-    write_result,
+    stage_main,
 )
 from trainyard_contract.schema import PipelineConfig
 
@@ -127,25 +123,18 @@ def merge(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
     return {**validation_result(args, summary), **prepared_result(args, out)}
 
 
-COMMANDS = {"validate": validate, "prepare": prepare, "pin": pin, "merge": merge}
+COMMANDS = {name: Command(run) for name, run in
+            (("validate", validate), ("prepare", prepare), ("pin", pin), ("merge", merge))}
+
+
+def describe(args: argparse.Namespace) -> str:
+    group = getattr(args, "group", None)
+    return f" window_end={args.window_end}" + (f" group={group}" if group is not None else "")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(parser(), argv)
-    if isinstance(args, int):
-        return args
-    try:
-        config = load_config()
-        log.info("%s: pipeline=%s run=%s run_dir=%s window_end=%s%s", args.command, config.name, args.run_id,
-                 args.run_dir, args.window_end, f" group={args.group}" if getattr(args, "group", None) is not None
-                 else "")
-        result = COMMANDS[args.command](args, config)
-    except StageError as exc:
-        return report_error(f"{args.command} failed: {exc}", EXIT_BAD_INPUT)
-    write_result(args.xcom, result)
-    log.info("%s succeeded: %s", args.command, result)
-    return 0
+    return stage_main(parser(), COMMANDS, argv, describe)
 
 
 if __name__ == "__main__":
-    sys.exit(run_stage(main))
+    sys.exit(main())

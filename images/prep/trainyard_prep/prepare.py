@@ -29,10 +29,11 @@ import pandas as pd
 
 from trainyard_contract import layout
 from trainyard_contract.atomic import staged_dir, write_json
-from trainyard_contract.runtime import Progress, StageError, combined_throughput, log
+from trainyard_contract.runtime import StageError, log
 from trainyard_contract.schema import DataConfig, Feature, PipelineConfig
 from trainyard_prep.encoding import ExampleEncoder
 from trainyard_prep.groups import group_entries, load_group_parts, load_groups
+from trainyard_prep.progress import Progress, combined_throughput
 from trainyard_prep.readers import chunks_of_files, prefetched, text_columns
 
 HASH_BUCKETS = 10_000

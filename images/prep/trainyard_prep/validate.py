@@ -27,10 +27,11 @@ from great_expectations.data_context.types.base import ProgressBarsConfig
 
 from trainyard_contract import layout
 from trainyard_contract.atomic import staged_dir, write_json
-from trainyard_contract.runtime import Progress, StageError, combined_throughput
+from trainyard_contract.runtime import StageError
 from trainyard_contract.schema import DataConfig, PipelineConfig
 from trainyard_prep.datadocs import make_offline
 from trainyard_prep.groups import group_entries, load_group_parts, load_groups
+from trainyard_prep.progress import Progress, combined_throughput
 from trainyard_prep.readers import chunks_of_files, header_of, prefetched, row_name, text_columns, truncated_rows
 
 NUMERIC_TYPES = {"float": ["float64", "float32", "int64", "int32", "int16", "int8", "Float64", "Int64"],

@@ -16,17 +16,16 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from trainyard_contract.runtime import (
-    EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_USAGE,
-    StageError,
+    Command,
     add_run_arguments,
-    parse_args,
-    report_error,
-    run_stage,
+    stage_main,
 )
+from trainyard_contract.schema import PipelineConfig
 from trainyard_serving.limits import Limits
 
 log = logging.getLogger("trainyard")
@@ -51,9 +50,11 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, config: None) -> int:
     from trainyard_serving import grpc_service, rest
     from trainyard_serving.registry import ModelRegistry
+
+    logging.getLogger("trainyard.serving").setLevel(logging.INFO)
 
     try:
         limits = Limits.from_arguments(args)
@@ -107,27 +108,22 @@ def settle_leftovers(models_dir: Path) -> None:
                 log.warning("cannot check %s for unverified versions (%s); serving it as it is", model_dir, exc)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(parser(), argv)
-    if isinstance(args, int):
-        return args
-    logging.getLogger("trainyard.serving").setLevel(logging.INFO)
-    if args.command == "serve":
-        return serve(args)
-    from trainyard_contract.runtime import load_config, write_result
-    from trainyard_serving.deploy import DeployFailed, deploy
+def run_deploy(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
+    from trainyard_serving.deploy import deploy
 
-    try:
-        config = load_config()
-        result = deploy(config, args.volume, args.run_dir, args.run_id, args.endpoint)
-    except StageError as exc:
-        return report_error(f"deploy failed: {exc}", EXIT_BAD_INPUT)
-    except DeployFailed as exc:
-        return report_error(f"deploy failed and was rolled back: {exc}", EXIT_FAILED)
-    write_result(args.xcom, result)
-    log.info("%s: %s", "not deployed" if result.get("skipped") else "deployed", result)
-    return 0
+    logging.getLogger("trainyard.serving").setLevel(logging.INFO)
+    result = deploy(config, args.volume, args.run_dir, args.run_id, args.endpoint)
+    if result.get("skipped"):
+        log.info("not deployed: %s", result["skipped"])
+    return result
+
+
+COMMANDS = {"serve": Command(serve, needs_config=False), "deploy": Command(run_deploy)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return stage_main(parser(), COMMANDS, argv)
 
 
 if __name__ == "__main__":
-    sys.exit(run_stage(main))
+    sys.exit(main())

@@ -36,10 +36,11 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from trainyard_contract import layout
+from trainyard_contract import artifacts, layout
+from trainyard_contract.artifacts import Decision, SmokeSet, TrainingRecord
 from trainyard_contract.atomic import write_json
 from trainyard_contract.layout import published_versions
-from trainyard_contract.runtime import StageError, log
+from trainyard_contract.runtime import StageFailure, log
 from trainyard_contract.schema import PipelineConfig
 from trainyard_serving.publishing import UNVERIFIED_PREFIX, Publication, publish_unverified, settle_unverified
 
@@ -49,8 +50,11 @@ NEVER_SEEN_SECONDS = 30.0  # a shared volume's listing can lag (NFS attribute ca
 SMOKE_TOLERANCE = 1e-4  # absolute, per probability
 
 
-class DeployFailed(Exception):
-    """The new version did not become AVAILABLE or failed its smoke test; it was removed again."""
+class DeployFailed(StageFailure):
+    """The new version did not become AVAILABLE or failed its smoke test; it was removed again. Retryable: the
+    server may load it on the next attempt."""
+
+    outcome = "failed and was rolled back"
 
 
 def served_versions(stub: Any, name: str) -> dict[int, str] | None:
@@ -118,7 +122,7 @@ def wait_available(channel: grpc.Channel, name: str, version: int, timeout: floa
     raise DeployFailed(f"version {version} was not AVAILABLE after {timeout:.0f} s (last status: {last})")
 
 
-def smoke_test(channel: grpc.Channel, name: str, version: int, smoke: dict[str, Any]) -> int:
+def smoke_test(channel: grpc.Channel, name: str, version: int, smoke: SmokeSet) -> int:
     """Predict the evaluator's sample through the API; outputs must match what the evaluator computed."""
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
     request = predict_pb2.PredictRequest()
@@ -126,14 +130,14 @@ def smoke_test(channel: grpc.Channel, name: str, version: int, smoke: dict[str, 
     request.model_spec.version.value = version
     request.model_spec.signature_name = "serving_default"
     dtypes = {"float": np.float32, "int": np.int64, "string": object}
-    for feature, values in smoke["inputs"].items():
-        array = np.asarray(values, dtype=dtypes[smoke["dtypes"][feature]])
+    for feature, values in smoke.inputs.items():
+        array = np.asarray(values, dtype=dtypes[smoke.dtypes[feature]])
         request.inputs[feature].CopyFrom(tf.make_tensor_proto(array))
     try:
         response = stub.Predict(request, timeout=30)
     except grpc.RpcError as exc:
         raise DeployFailed(f"smoke test Predict failed: {exc.code().name}: {exc.details()}") from None
-    if "predictions" in smoke:  # regression
+    if smoke.predictions is not None:  # regression
         if "predictions" not in response.outputs:
             raise DeployFailed(f"smoke test: the served version {version} has no 'predictions' output")
         predictions = tf.make_ndarray(response.outputs["predictions"])
@@ -150,10 +154,10 @@ def smoke_test(channel: grpc.Channel, name: str, version: int, smoke: dict[str, 
     return answered
 
 
-def first_prediction_difference(predictions: np.ndarray, smoke: dict[str, Any]) -> str | None:
+def first_prediction_difference(predictions: np.ndarray, smoke: SmokeSet) -> str | None:
     """Where served regression predictions first leave the evaluator's by more than the tolerance (relative to
     the value's size, absolute near zero)."""
-    expected = np.asarray(smoke["predictions"], dtype=np.float64)
+    expected = np.asarray(smoke.predictions, dtype=np.float64)
     if len(predictions) != len(expected):
         return f"{len(predictions)} predictions for {len(expected)} examples"
     allowed = SMOKE_TOLERANCE * np.maximum(1.0, np.abs(expected))
@@ -165,9 +169,9 @@ def first_prediction_difference(predictions: np.ndarray, smoke: dict[str, Any]) 
     return None
 
 
-def first_difference(class_ids: list[int], probabilities: np.ndarray, smoke: dict[str, Any]) -> str | None:
+def first_difference(class_ids: list[int], probabilities: np.ndarray, smoke: SmokeSet) -> str | None:
     """Where the served predictions first differ from the evaluator's (row, both values, the tolerance)."""
-    expected_ids, expected = smoke["class_ids"], np.asarray(smoke["probabilities"])
+    expected_ids, expected = smoke.class_ids or [], np.asarray(smoke.probabilities)
     if len(class_ids) != len(expected_ids):
         return f"{len(class_ids)} predictions for {len(expected_ids)} examples"
     for row, (got, want) in enumerate(zip(class_ids, expected_ids, strict=True)):
@@ -189,11 +193,13 @@ def lineage(config: PipelineConfig, run_dir: Path, run_id: str) -> dict[str, Any
     metrics = read(run_dir / layout.METRICS)
     inputs = read(run_dir / layout.INPUTS_MANIFEST)
     label = read(run_dir / layout.MODEL_SCHEMA).get("label") or {}
+    training = (artifacts.read(run_dir, layout.TRAINING_RECORD, TrainingRecord, "train", "deploy")
+                if (run_dir / layout.TRAINING_RECORD).is_file() else None)  # a model exported by hand has none
     return {
         "pipeline": config.name, "run_id": run_id, "run_dir": run_dir.name,
         "config_sha256": prepared.get("config_sha256"), "data_sha256": prepared.get("inputs", {}).get("sha256"),
         "data_window_end": inputs.get("window_end"), "trigger": inputs.get("trigger"),
-        "training": read(run_dir / layout.TRAINING_RECORD),
+        "training": training.model_dump() if training is not None else {},
         "metrics": metrics.get("challenger", {}), "eval_rows": metrics.get("eval_rows"),
         "classes": [str(c) for c in label.get("classes") or []] or None,  # the probabilities' column order
         "tensorflow": tf.__version__,
@@ -206,17 +212,11 @@ def refusal(run_dir: Path) -> str | None:
 
     The deploy stage's blessing check, as TFX's Pusher checks the Evaluator's: clearing and re-running `deploy`
     after decide said skip publishes nothing."""
-    path = run_dir / layout.DECISION
-    if not path.is_file():
-        raise StageError(f"{path} is missing: decide must run before deploy (deploy publishes only a model that "
-                         "this run's decision blessed)")
-    try:
-        decision = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise StageError(f"{path} is not valid JSON ({exc}): re-run decide") from None
-    if isinstance(decision, dict) and decision.get("deploy") is True:
+    decision = artifacts.read(run_dir, layout.DECISION, Decision, "decide", "deploy (deploy publishes only a "
+                              "model that this run's decision blessed)")
+    if decision.deploy:
         return None
-    reasons = "; ".join(map(str, decision.get("reasons", []))) if isinstance(decision, dict) else ""
+    reasons = "; ".join(decision.reasons)
     return (f"this run's decision ({layout.DECISION}) says SKIP ({reasons or 'no reason recorded'}), so nothing "
             "was published; trigger a new run with force_deploy to publish regardless")
 
@@ -253,10 +253,7 @@ def deploy(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str, end
         log.info("an earlier attempt of this run already deployed %s version %d: nothing to do", name,
                  earlier["version"])
         return {**earlier, "state": "verified", "deployed": True, "by_earlier_attempt": True}
-    smoke_path = run_dir / layout.SMOKE_SET
-    if not smoke_path.is_file():
-        raise StageError(f"{smoke_path} is missing: evaluate must run before deploy")
-    smoke = json.loads(smoke_path.read_text())
+    smoke = artifacts.read(run_dir, layout.SMOKE_SET, SmokeSet, "evaluate", "deploy")
     channel = grpc.insecure_channel(endpoint)
     try:
         check_same_volume(model_service_pb2_grpc.ModelServiceStub(channel), name, None, model_dir, endpoint, 0.0)

@@ -8,6 +8,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from trainyard_contract import layout
+from trainyard_contract.runtime import StageError
 from trainyard_trainer.features import FeatureTransform, parse_spec
 from trainyard_trainer.model_schema import ModelSchema, schema_with_stats
 
@@ -16,7 +17,7 @@ def load_schema_document(run_dir: Path) -> dict:
     """The prepared schema, with each numeric feature's train statistics (models normalise with them)."""
     path = run_dir / layout.PREPARED_SCHEMA
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: prepare_data must run before training")
+        raise StageError(f"{path} is missing: prepare_data must run before training")
     return schema_with_stats(json.loads(path.read_text()), load_stats(run_dir))
 
 
@@ -32,7 +33,7 @@ def load_stats(run_dir: Path) -> dict:
 def shard_files(prepared: Path, split: str) -> list[str]:
     files = sorted(str(p) for p in (prepared / split).glob(layout.SHARD_GLOB))
     if not files:
-        raise FileNotFoundError(f"no {split} shards under {prepared / split}")
+        raise StageError(f"no {split} shards under {prepared / split}")
     return files
 
 

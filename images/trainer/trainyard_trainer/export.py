@@ -17,7 +17,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainyard_contract import layout
+from trainyard_contract import artifacts, layout
+from trainyard_contract.artifacts import TrainingRecord
 from trainyard_contract.atomic import staged_dir, write_json
 from trainyard_trainer.features import FeatureTransform, dummy_raw_batch, raw_signature
 from trainyard_trainer.model_schema import ModelSchema
@@ -76,12 +77,12 @@ def plain_copy(model: keras.Model, build_fn: Any, schema: ModelSchema) -> keras.
 
 
 def export(model: keras.Model, schema: ModelSchema, document: dict[str, Any], model_dir: Path,
-           training: dict[str, Any]) -> Path:
+           training: TrainingRecord) -> Path:
     """Write `model/` by temp-then-rename: `saved_model/` plus `schema.json` and `training.json` beside it."""
     with staged_dir(model_dir) as out:
         module = ServingModule(model, schema)
         tf.saved_model.save(module, str(out / layout.SAVED_MODEL.name),
                             signatures={"serving_default": module.serve})
         write_json(out / layout.MODEL_SCHEMA.name, document)  # vocabularies and train statistics included
-        write_json(out / layout.TRAINING_RECORD.name, training)
+        artifacts.write(out / layout.TRAINING_RECORD.name, training)
     return model_dir

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trainyard_contract.runtime import StageError
+
 NUMERIC_INPUT = "numeric"
 PLACEHOLDER_VOCABULARY = 50  # categories per feature when `check` builds a model before any data exists: enough that
 # a model with a hard-coded, too small vocabulary (an Embedding of 4 rows) fails there, not in training
@@ -130,7 +132,7 @@ class ModelSchema:
     def _checked(cls, task: str, numeric: list[NumericFeature], categorical: list[CategoricalFeature],
                  label: LabelInfo, order: list[str]) -> ModelSchema:
         if any(f.name == NUMERIC_INPUT for f in categorical):
-            raise ValueError(f"a categorical feature may not be named {NUMERIC_INPUT!r}: the model's input of that "
+            raise StageError(f"a categorical feature may not be named {NUMERIC_INPUT!r}: the model's input of that "
                              "name holds the numeric features")
         return cls(task, tuple(numeric), tuple(categorical), label, tuple(order))
 

@@ -23,6 +23,8 @@ import keras
 import tensorflow as tf
 
 from trainyard_contract import layout
+from trainyard_contract.artifacts import TrainingRecord
+from trainyard_contract.runtime import StageError
 from trainyard_contract.schema import PipelineConfig
 from trainyard_contract.tf_config import TaskConfig
 from trainyard_trainer.data import make_dataset
@@ -32,8 +34,9 @@ from trainyard_trainer.model_schema import NUMERIC_INPUT, ModelSchema
 log = logging.getLogger("trainyard")
 
 
-class ModelError(Exception):
-    """The configured model module or its params cannot build a model; a user error."""
+class ModelError(StageError):
+    """The configured model module or its params cannot build a model, or the model refuses a training batch:
+    bad input (exit 3, not retried), quoted as the stage's cause."""
 
 
 @dataclass(frozen=True)
@@ -353,14 +356,13 @@ def _after_interval(current: int, interval_losses: list[float], started: float, 
     log.info("step %d loss %.4f examples/s %.0f checkpoint %s", current, loss, rate, Path(path).name)
 
 
-def training_record(result: TrainResult, config: PipelineConfig) -> dict[str, Any]:
+def training_record(result: TrainResult, config: PipelineConfig) -> TrainingRecord:
     """What `model/training.json` records about the run that produced the model."""
-    return {
-        "steps": result.steps, "resumed_from_step": result.resumed_from_step, "seconds": result.seconds,
-        "examples_per_second": result.examples_per_second, "final_loss": result.final_loss,
-        "strategy": config.training.strategy, "workers": config.training.workers.replicas,
-        "ps": config.training.ps.replicas, "batch_size": config.training.batch_size,
-        "learning_rate": config.training.learning_rate, "model_module": config.training.model.module,
-        "task": config.data.label.task,
-        "tensorflow": tf.__version__, "keras": keras.__version__,
-    }
+    return TrainingRecord(
+        steps=result.steps, resumed_from_step=result.resumed_from_step, seconds=result.seconds,
+        examples_per_second=result.examples_per_second, final_loss=result.final_loss,
+        strategy=config.training.strategy, workers=config.training.workers.replicas,
+        ps=config.training.ps.replicas, batch_size=config.training.batch_size,
+        learning_rate=config.training.learning_rate, model_module=config.training.model.module,
+        task=config.data.label.task, tensorflow=tf.__version__, keras=keras.__version__,
+    )

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from kubernetes.client import models as k8s
 
-from trainyard_contract.cluster_spec import Replicas
+from trainyard.cluster_spec import Replicas
 from trainyard_contract.runtime import is_retryable_exit
 from trainyard_contract.schema import PipelineConfig
 

@@ -26,7 +26,7 @@ from trainyard.backends.kubernetes_job import KubernetesJob, selector_of
 from trainyard.backends.kubernetes_lease import sweep_expired_jobs
 from trainyard.backends.kubernetes_serving import apply_serving_objects
 from trainyard.backends.kubernetes_stage import build_pod_operator
-from trainyard_contract.cluster_spec import Replicas, kubernetes_hosts
+from trainyard.cluster_spec import Replicas, kubernetes_hosts
 from trainyard_contract.schema import PipelineConfig
 
 POLL_SECONDS = 2.0

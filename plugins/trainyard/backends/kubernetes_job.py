@@ -44,7 +44,7 @@ from trainyard.backends.kubernetes_api import (
 from trainyard.backends.kubernetes_lease import RENEW_SECONDS, lease_annotations, renew, utcnow
 from trainyard.native_noise import is_native_noise
 from trainyard.podspec import PLACEMENT_ANNOTATION
-from trainyard_contract.replica_policy import Action, on_replica_exit
+from trainyard.replica_policy import Action, on_replica_exit
 from trainyard_contract.runtime import failure_cause, result_from_log
 
 TAIL_LINES = 40

@@ -30,13 +30,13 @@ from kubernetes.client import models as k8s
 
 from trainyard import settings
 from trainyard.backends.base import StageFailed
+from trainyard.cluster_spec import ROLES, Replicas, local_hosts
 from trainyard.images import local_command
 from trainyard.local_run import alive
 from trainyard.native_noise import is_native_noise
 from trainyard.podspec import SCRATCH_NAME, VOLUME_NAME
 from trainyard.registry import images as registry_images
-from trainyard_contract.cluster_spec import ROLES, Replicas, local_hosts
-from trainyard_contract.replica_policy import Action, on_replica_exit
+from trainyard.replica_policy import Action, on_replica_exit
 from trainyard_contract.runtime import XCOM_DIR, XCOM_RETURN, CauseTracker, failure_cause
 from trainyard_contract.schema import PipelineConfig
 
