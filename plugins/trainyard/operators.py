@@ -208,11 +208,9 @@ class TrainTeardownOperator(BaseOperator):
 
     def execute(self, context: Any) -> int:
         from trainyard.backends import launcher_for
-        from trainyard.cluster_spec import job_name
         from trainyard.podspec import job_selector
-        from trainyard_contract.layout import run_key
 
         run = run_context(context, self.config.name)
         launcher = launcher_for(backend_name(self.config.backend), self.config)
         return launcher.cleanup_job(job_selector(self.config, run, self.stage),
-                                    job_name(self.config.name, run_key(run.run_id)), self.log)
+                                    run.job_name, self.log)

@@ -16,7 +16,7 @@ from kubernetes.client import models as k8s
 
 from trainyard.registry import Stage
 from trainyard.stages import ContainerSpec, RunContext
-from trainyard_contract.layout import models_dir, run_key
+from trainyard_contract.layout import models_dir
 from trainyard_contract.runtime import XCOM_DIR
 from trainyard_contract.schema import GpuTier, PipelineConfig, Resources
 
@@ -44,23 +44,22 @@ def dns_label(text: str, max_length: int = 63) -> str:
     return f"{safe[: max_length - 7].strip('-')}-{digest}"
 
 
-def pod_labels(config: PipelineConfig, run: RunContext, spec: ContainerSpec, index: int | None) -> dict[str, str]:
+def pod_labels(config: PipelineConfig, run: RunContext, spec: ContainerSpec) -> dict[str, str]:
     labels = {
         "app.kubernetes.io/managed-by": "trainyard",
         "trainyard/pipeline": label_value(config.name),
-        "trainyard/run": label_value(run_key(run.run_id)),
+        "trainyard/run": label_value(run.key),
         "trainyard/stage": spec.stage,
         "trainyard/role": spec.role,
     }
-    if index is not None:
-        labels["trainyard/index"] = str(index)
-    labels.update(spec.labels)
+    if spec.index is not None:
+        labels["trainyard/index"] = str(spec.index)
     return labels
 
 
 def job_selector(config: PipelineConfig, run: RunContext, stage: Stage) -> dict[str, str]:
     """The labels every replica pod of a run's training job carries (the headless Service selects on them)."""
-    return {"trainyard/pipeline": label_value(config.name), "trainyard/run": label_value(run_key(run.run_id)),
+    return {"trainyard/pipeline": label_value(config.name), "trainyard/run": label_value(run.key),
             "trainyard/stage": stage.name}
 
 
@@ -114,7 +113,6 @@ def build_pod(
     spec: ContainerSpec,
     *,
     name: str,
-    index: int | None = None,
     node_selector: dict[str, str] | None = None,
     read_only_volume: bool = False,
     hostname: str | None = None,
@@ -148,7 +146,7 @@ def build_pod(
         metadata=k8s.V1ObjectMeta(
             name=name,
             namespace=config.kubernetes.namespace,
-            labels=pod_labels(config, run, spec, index),
+            labels=pod_labels(config, run, spec),
             annotations={"trainyard/run-id": run.run_id,
                          **({PLACEMENT_ANNOTATION: placement} if placement else {})},
         ),
@@ -184,9 +182,8 @@ def build_pod(
 def build_stage_pod(config: PipelineConfig, run: RunContext, spec: ContainerSpec) -> k8s.V1Pod:
     """The pod of a single-container CPU stage (validate, prepare, evaluate); a mapped task's file group (its
     `trainyard/index` label) is in its name too."""
-    index = spec.labels.get("trainyard/index")
-    group = f"-g{index}" if index is not None else ""
-    name = dns_label(f"{config.name}-{spec.stage}{group}-{run_key(run.run_id)}")
+    group = f"-g{spec.index}" if spec.index is not None else ""
+    name = dns_label(f"{config.name}-{spec.stage}{group}-{run.key}")
     return build_pod(config, run, spec, name=name)
 
 
@@ -226,10 +223,9 @@ def build_job_pods(config: PipelineConfig, run: RunContext, specs: list[Containe
     tier = gpu_tier(config)
     pods = []
     for spec in specs:
-        index = int(spec.labels["trainyard/index"])
-        name = f"{job}-{spec.role}-{index}"
+        name = f"{job}-{spec.role}-{spec.index}"
         on_gpu = spec.role == "worker" and spec.resources.gpu > 0
-        pods.append(build_pod(config, run, spec, name=name, index=index,
+        pods.append(build_pod(config, run, spec, name=name,
                               node_selector=worker_node_selector(config) if on_gpu else None,
                               hostname=name, subdomain=job,
                               priority_class=tier.priority_class if tier else None,  # the whole job, PS included

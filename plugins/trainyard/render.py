@@ -12,7 +12,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from trainyard.cluster_spec import job_name, kubernetes_hosts
+from trainyard.cluster_spec import kubernetes_hosts
 from trainyard.podspec import (
     build_headless_service,
     build_job_pods,
@@ -23,7 +23,6 @@ from trainyard.podspec import (
 )
 from trainyard.registry import STAGES, Stage, mapped_over, stages_for
 from trainyard.stages import RunContext, stage_container, train_containers, train_replicas
-from trainyard_contract.layout import run_key
 from trainyard_contract.schema import PipelineConfig
 
 
@@ -52,7 +51,7 @@ def render_run(config: PipelineConfig, run_id: str, window_end: dt.datetime | No
 
 
 def job_objects(config: PipelineConfig, run: RunContext, stage: Stage) -> list[Any]:
-    job = job_name(config.name, run_key(run.run_id))
+    job = run.job_name
     cluster = kubernetes_hosts(job, config.kubernetes.namespace, config.training.port, train_replicas(config))
     objects: list[Any] = []
     if stage.check_command is not None:

@@ -11,18 +11,21 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import PurePosixPath
 from typing import Any
 
-from trainyard.cluster_spec import Replicas, tf_config
+from trainyard.cluster_spec import Replicas, job_name, tf_config
 from trainyard.registry import Stage
-from trainyard_contract.layout import RunLayout
+from trainyard_contract.layout import RunLayout, run_key
 from trainyard_contract.runtime import CONFIG_ENV, RUN_ENV, XCOM_RETURN
 from trainyard_contract.schema import PipelineConfig, Resources
 
 
 @dataclass(frozen=True)
 class RunContext:
-    """The Airflow run a stage belongs to, reduced to what stages need."""
+    """The Airflow run a stage belongs to, reduced to what stages need; its identity (the folder-safe key, the
+    training job's name, the run folder) is computed here once, never re-derived from the run id elsewhere."""
 
     pipeline: str
     run_id: str
@@ -30,6 +33,20 @@ class RunContext:
     data_interval_end: dt.datetime | None = None
     run_type: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def key(self) -> str:
+        """The run's folder name and `trainyard/run` label (`layout.run_key`)."""
+        return run_key(self.run_id)
+
+    @cached_property
+    def job_name(self) -> str:
+        """The training job's name: its headless Service and the replicas' hostnames."""
+        return job_name(self.pipeline, self.key)
+
+    def layout(self, root: str | PurePosixPath) -> RunLayout:
+        """The run's paths on a volume mounted at `root`."""
+        return RunLayout(PurePosixPath(root), self.pipeline, self.key)
 
     def trigger(self) -> dict[str, Any] | None:
         """What started this run and with which Param values; None when nothing is known (a bare context)."""
@@ -49,7 +66,7 @@ class ContainerSpec:
     args: list[str]
     env: dict[str, str]
     resources: Resources
-    labels: dict[str, str] = field(default_factory=dict)
+    index: int | None = None  # a mapped task's file group, or a replica's index in its role (`trainyard/index`)
 
 
 def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra_args: tuple[str, ...] = (),
@@ -60,7 +77,7 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra
     if check and stage.check_command is None:
         raise ValueError(f"stage {stage.name!r} declares no check command")
     mount = config.kubernetes.volume.mount_path
-    layout = RunLayout.for_run(mount, config.name, run.run_id)
+    layout = run.layout(mount)
     args = [
         stage.check_command if check else stage.command,
         "--volume", mount,
@@ -86,7 +103,7 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra
         args=args,
         env=env,
         resources=stage.resources(config),
-        labels={"trainyard/index": str(group)} if group is not None else {},
+        index=group,
     )
 
 
@@ -122,5 +139,5 @@ def train_containers(config: PipelineConfig, run: RunContext, stage: Stage,
         env = {**base.env, "TF_CONFIG": tf_config(cluster, role, index), "TF_GRPC_DEFAULT_OPTIONS": GRPC_OPTIONS}
         specs.append(ContainerSpec(stage=base.stage, role=role, image=base.image, command=base.command,
                                    args=base.args, env=env, resources=role_resources(config, role),
-                                   labels={"trainyard/index": str(index)}))
+                                   index=index))
     return specs
