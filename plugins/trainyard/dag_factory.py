@@ -10,22 +10,13 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, Asset, BaseOperator
 
 from trainyard.config_loader import display_path, find_pipeline_file, load_pipeline_file
-from trainyard.operators import DecideOperator, StageOperator, TrainJobOperator, TrainTeardownOperator
 from trainyard.params import build_params
-from trainyard.registry import STAGES, Stage, mapped_over, skip_task_id, stages_for, teardown_task_id
+from trainyard.registry import STAGES, Stage, mapped_over, stages_for
 from trainyard.settings import pipelines_dir
 from trainyard_contract.schema import AssetSchedule, PipelineConfig
-
-MAP_INDEX_TEMPLATE = "file group {{ task.group }}"
-TEARDOWN_DOC = "Deletes any replica pod or Service of this run's training job left behind (runs whatever train did)."
-
-
-def skip_doc(stage: Stage, gated: Stage) -> str:
-    return f"The run did not earn `{gated.task_id}` (see `{stage.task_id}`)."
 
 
 def describe_schedule(config: PipelineConfig) -> str:
@@ -45,10 +36,8 @@ def stage_rows(stages: tuple[Stage, ...]) -> str:
         mapped = " One task (and pod) per file group." if mapped_over(stage, stages) else ""
         rows.append(f"| `{stage.task_id}` | {stage.hardware.upper()} | {stage.doc}{mapped} | "
                     f"{artifact_list(stage.reads)} | {artifact_list(stage.writes)} |")
-        if stage.kind == "job":
-            rows.append(f"| `{teardown_task_id(stage)}` | - | {TEARDOWN_DOC} | - | - |")
-        if stage.kind == "branch" and i + 1 < len(stages):
-            rows.append(f"| `{skip_task_id(stages[i + 1])}` | - | {skip_doc(stage, stages[i + 1])} | - | - |")
+        next_stage = stages[i + 1] if i + 1 < len(stages) else None
+        rows += [f"| `{added.task_id}` | - | {added.doc} | - | - |" for added in stage.kind.added(stage, next_stage)]
     return "\n".join(rows)
 
 
@@ -100,25 +89,14 @@ def dag_schedule(config: PipelineConfig) -> str | list[Asset] | None:
 
 def stage_task(config: PipelineConfig, stage: Stage, next_stage: Stage | None,
                over: BaseOperator | None = None) -> Any:
-    """The operator a stage's kind names; mapped over the result list of `over` (one task per group) if given."""
+    """The operator the stage's kind gives; mapped over the result list of `over` (one task per group) if given."""
     common: dict[str, Any] = {"task_id": stage.task_id, "config": config, "stage": stage, "doc_md": stage.doc,
                               "retries": stage.retries(config)}
     if stage.pool(config):
         common["pool"] = stage.pool(config)
     if stage.timeout(config) is not None:
         common["execution_timeout"] = stage.timeout(config)
-    if over is not None:
-        if stage.kind != "pod":
-            raise ValueError(f"stage {stage.name!r}: only a `pod` stage can be mapped, not a {stage.kind!r} one")
-        # the UI and the REST API name each map index by its group, not by a bare number
-        return StageOperator.partial(map_index_template=MAP_INDEX_TEMPLATE, **common).expand(group=over.output)
-    if stage.kind == "job":
-        return TrainJobOperator(**common)
-    if stage.kind == "branch":
-        if next_stage is None or stage.branch_on is None:
-            raise ValueError(f"branch stage {stage.name!r} needs `branch_on` and a next stage to gate")
-        return DecideOperator(follow=next_stage.task_id, skip=skip_task_id(next_stage), **common)
-    return StageOperator(**common)
+    return stage.kind.operator(stage, next_stage, common, over)
 
 
 def build_dag(config: PipelineConfig, source: str = "", stages: tuple[Stage, ...] = STAGES) -> DAG:
@@ -148,11 +126,8 @@ def build_dag(config: PipelineConfig, source: str = "", stages: tuple[Stage, ...
             over = mapped_over(stage, present)
             task = stage_task(config, stage, next_stage, tasks[over.task_id] if over else None)
             tasks[stage.task_id] = task
-            if stage.kind == "job":
-                task >> TrainTeardownOperator(task_id=teardown_task_id(stage), config=config, stage=stage,
-                                              doc_md=TEARDOWN_DOC)
-            if stage.kind == "branch" and next_stage is not None:
-                task >> EmptyOperator(task_id=skip_task_id(next_stage), doc_md=skip_doc(stage, next_stage))
+            for added in stage.kind.added(stage, next_stage):  # a job's teardown, a branch's skip
+                task >> stage.kind.added_operator(added, config, stage)
             if previous is not None:
                 previous >> task
             previous = task

@@ -149,17 +149,18 @@ class StageOperator(BaseOperator):
 
 
 class DecideOperator(StageOperator, BranchMixIn):
-    """The decide pod, then a branch: `follow` (deploy) when the decision says so, else `skip` (a success)."""
+    """The decide pod, then a branch: `follow` (deploy) when its result's `on` key is true, else `skip` (a
+    success)."""
 
     ui_color = "#e8daef"
 
-    def __init__(self, *, follow: str, skip: str, **kwargs: Any):
+    def __init__(self, *, follow: str, skip: str, on: str, **kwargs: Any):
         super().__init__(**kwargs)
-        self.follow, self.skip = follow, skip
+        self.follow, self.skip, self.on = follow, skip, on
 
     def execute(self, context: Any) -> Any:
         decision = super().execute(context) or {}
-        go_on = bool(decision.get(self.stage.branch_on))
+        go_on = bool(decision.get(self.on))
         self.log.info("decision: %s%s", "DEPLOY" if go_on else "SKIP", " (forced)" if decision.get("forced") else "")
         for reason in decision.get("reasons", []):
             self.log.info("  - %s", reason)

@@ -1,6 +1,6 @@
 """The stage registry: one declaration per stage, from which everything else is derived.
 
-The DAG factory builds one task per declaration (in order, with the operator its `kind` names), `stages.py` builds
+The DAG factory builds one task per declaration (in order, with the operator its `kind` gives), `stages.py` builds
 each stage's container from it, `trainyard render` renders its pods, the local backend maps images to modules
 through `images()`, and the DAG docs list what each stage reads and writes. Adding a stage is one declaration here
 plus one sub-command in an image's entrypoint (README, "Add a stage"). Pure data: no Airflow, no I/O.
@@ -13,11 +13,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from trainyard.stage_kinds import POD, Branch, Job, Pod
+from trainyard.stage_kinds import skip_task_id as skip_task_id  # re-exported: the DAG's task ids
+from trainyard.stage_kinds import teardown_task_id as teardown_task_id
 from trainyard_contract import layout as L
 from trainyard_contract.layout import Artifact
 from trainyard_contract.schema import PipelineConfig, Resources
 
-StageKind = Literal["pod", "branch", "job"]
 Hardware = Literal["cpu", "gpu"]
 
 
@@ -68,9 +70,10 @@ def _fans_out(config: PipelineConfig) -> bool:
 class Stage:
     """One stage: an Airflow task that runs `python -m <image.module> <command>` in a pod of `image`.
 
-    kind: `pod` (one pod), `branch` (one pod, then follow the next stage when the result's `branch_on` key is
-    true, else `skip_<next>`), `job` (a one-pod `check_command` first, then the distributed training job, and a
-    `teardown_<task_id>` task that sweeps what a lost attempt left).
+    kind (stage_kinds.py): `POD` (one pod), `Branch(on=key)` (one pod, then follow the next stage when the result's
+    `key` is true, else `skip_<next>`), `Job(check_command=..., check_name=...)` (a one-pod check first, then the
+    distributed training job, and a `teardown_<task_id>` task that sweeps what a lost attempt left). The kind checks
+    the declaration when it is made.
 
     Fan-out: a stage with `maps_over` becomes an Airflow dynamically mapped task when the stage it names is in the
     DAG: one task, and one pod, per item of that stage's result (`result_key`), each run with `--group <item>`.
@@ -81,7 +84,7 @@ class Stage:
     name: str  # the `trainyard/stage` label and the key in logs
     image: StageImage
     command: str  # the sub-command of the image's entrypoint
-    kind: StageKind
+    kind: Pod
     hardware: Hardware
     doc: str
     configured_image: Callable[[PipelineConfig], str]
@@ -94,16 +97,17 @@ class Stage:
     needs_serving: bool = False  # the serving endpoint is ensured first and passed as `--endpoint`
     bad_input_hint: str = "bad input: not retried; fix the data or config and re-run"
     timeout: Callable[[PipelineConfig], dt.timedelta | None] = lambda c: None  # the task's execution_timeout
-    check_command: str | None = None  # job: the sub-command of the one-pod check before any replica starts
-    check_name: str | None = None
-    branch_on: str | None = None  # branch: the result key that says "go on"
     only_if: Callable[[PipelineConfig], bool] = _always  # whether the stage is in this config's DAG
     maps_over: str | None = None  # the task_id whose result list this stage is mapped over, when it is present
     result_key: str | None = None  # the key of the stage's result that is the task's XCom (what others map over)
 
+    def __post_init__(self) -> None:
+        self.kind.check(self)
+
     def stage_names(self) -> tuple[str, ...]:
         """Every `trainyard/stage` label this stage's pods carry (a job's check pod has its own)."""
-        return (self.check_name, self.name) if self.check_name else (self.name,)
+        step = self.kind.check_step
+        return (step.name, self.name) if step else (self.name,)
 
 
 def _force_flag(params: Mapping[str, Any]) -> tuple[str, ...]:
@@ -116,20 +120,20 @@ def _retrain_flag(params: Mapping[str, Any]) -> tuple[str, ...]:
 
 STAGES: tuple[Stage, ...] = (
     Stage(
-        task_id="pin_inputs", name="pin", image=PREP, command="pin", kind="pod", hardware="cpu",
+        task_id="pin_inputs", name="pin", image=PREP, command="pin", kind=POD, hardware="cpu",
         doc="Pins the run's input partitions and cuts the files into `prep.parallelism` groups (fan-out only).",
         configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
         writes=(L.INPUTS_MANIFEST, L.INPUT_GROUPS), only_if=_fans_out, result_key="groups",
     ),
     Stage(
-        task_id="validate_data", name="validate", image=PREP, command="validate", kind="pod", hardware="cpu",
+        task_id="validate_data", name="validate", image=PREP, command="validate", kind=POD, hardware="cpu",
         doc="Great Expectations suite from the config on the run's input partitions.",
         configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
         writes=(L.INPUTS_MANIFEST, L.VALIDATION_PARTS, L.VALIDATION_RESULTS, L.DATA_DOCS),
         maps_over="pin_inputs",
     ),
     Stage(
-        task_id="prepare_data", name="prepare", image=PREP, command="prepare", kind="pod", hardware="cpu",
+        task_id="prepare_data", name="prepare", image=PREP, command="prepare", kind=POD, hardware="cpu",
         doc="Deterministic split into TFRecord shards with schema, stats and manifest.",
         configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
         reads=(L.INPUTS_MANIFEST,),
@@ -137,7 +141,7 @@ STAGES: tuple[Stage, ...] = (
         maps_over="pin_inputs",
     ),
     Stage(
-        task_id="merge_data", name="merge", image=PREP, command="merge", kind="pod", hardware="cpu",
+        task_id="merge_data", name="merge", image=PREP, command="merge", kind=POD, hardware="cpu",
         doc="Joins the groups: one validation result and Data Docs site, the table-level checks, the shards in "
             "file order, statistics, schema and manifest (fan-out only).",
         configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
@@ -146,32 +150,34 @@ STAGES: tuple[Stage, ...] = (
         only_if=_fans_out,
     ),
     Stage(
-        task_id="train", name="train", image=TRAINER, command="train", kind="job", hardware="gpu",
+        task_id="train", name="train", image=TRAINER, command="train", hardware="gpu",
+        kind=Job(check_command="check", check_name="check_model"),
         doc="Distributed TensorFlow job (chief + parameter servers + workers); exports the SavedModel.",
         configured_image=lambda c: c.training.image, resources=lambda c: c.training.chief,
         reads=(L.PREPARED_SCHEMA, L.PREPARED_STATS, L.PREPARED_MANIFEST),
         writes=(L.CHECKPOINTS, L.CLUSTER_LOGS, L.TENSORBOARD_TRAIN, L.SAVED_MODEL, L.MODEL_SCHEMA,
                 L.TRAINING_RECORD),
         pool=lambda c: c.training.pool, timeout=lambda c: dt.timedelta(minutes=c.training.timeout_minutes),
-        check_command="check", check_name="check_model", flags=_retrain_flag,  # a job's flags go to its check
+        flags=_retrain_flag,  # a job's flags go to its check
         bad_input_hint="bad config: not retried; fix training.model and re-run",
     ),
     Stage(
-        task_id="evaluate", name="evaluate", image=EVALUATE, command="evaluate", kind="pod", hardware="cpu",
+        task_id="evaluate", name="evaluate", image=EVALUATE, command="evaluate", kind=POD, hardware="cpu",
         doc="The new and the served model scored on the same eval rows; bootstrap of the change; report.",
         configured_image=lambda c: c.evaluation.image, resources=lambda c: c.evaluation.resources,
         reads=(L.PREPARED_MANIFEST, L.SAVED_MODEL, L.MODEL_SCHEMA, L.TENSORBOARD_TRAIN),
         writes=(L.METRICS, L.SMOKE_SET, L.REPORT),
     ),
     Stage(
-        task_id="decide", name="decide", image=EVALUATE, command="decide", kind="branch", hardware="cpu",
+        task_id="decide", name="decide", image=EVALUATE, command="decide", kind=Branch(on="deploy"),
+        hardware="cpu",
         doc="Thresholds met and better than the champion (or forced): deploy, else skip; reasons logged.",
         configured_image=lambda c: c.evaluation.image, resources=lambda c: c.evaluation.resources,
         reads=(L.METRICS, L.INPUTS_MANIFEST), writes=(L.DECISION,),
-        flags=_force_flag, branch_on="deploy",
+        flags=_force_flag,
     ),
     Stage(
-        task_id="deploy", name="deploy", image=SERVING, command="deploy", kind="pod", hardware="cpu",
+        task_id="deploy", name="deploy", image=SERVING, command="deploy", kind=POD, hardware="cpu",
         doc="Only with decide's blessing: publish version N+1, wait until AVAILABLE, smoke-test Predict, "
             "roll back on failure.",
         configured_image=lambda c: c.deploy.client_image, resources=lambda c: c.deploy.client_resources,
@@ -225,11 +231,3 @@ def stage_named(name: str, stages: Iterable[Stage] = STAGES) -> Stage:
             return stage
     known = ", ".join(s.name for s in stages)
     raise ValueError(f"unknown stage {name!r}; known: {known}")
-
-
-def skip_task_id(stage: Stage) -> str:
-    return f"skip_{stage.task_id}"
-
-
-def teardown_task_id(stage: Stage) -> str:
-    return f"teardown_{stage.task_id}"

@@ -12,17 +12,13 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from trainyard.cluster_spec import kubernetes_hosts
 from trainyard.podspec import (
-    build_headless_service,
-    build_job_pods,
     build_serving_deployment,
     build_serving_service,
-    build_stage_pod,
     serving_address,
 )
 from trainyard.registry import STAGES, Stage, mapped_over, stages_for
-from trainyard.stages import RunContext, stage_container, train_containers, train_replicas
+from trainyard.stages import RunContext
 from trainyard_contract.schema import PipelineConfig
 
 
@@ -35,30 +31,15 @@ def render_run(config: PipelineConfig, run_id: str, window_end: dt.datetime | No
     objects: list[Any] = []
     present = stages_for(config, stages)
     for stage in present:
-        if stage.kind == "job":
-            objects.extend(job_objects(config, run, stage))
-            continue
         extra = ("--endpoint", serving_address(config)) if stage.needs_serving else ()
         # a mapped stage: one pod per file group, as many as prep.parallelism allows (a run with fewer files has
         # fewer groups, and so fewer pods)
         groups: list[int | None] = list(range(config.prep.parallelism)) if mapped_over(stage, present) else [None]
-        for group in groups:
-            objects.append(build_stage_pod(config, run, stage_container(config, run, stage, extra, group=group)))
+        objects.extend(stage.kind.manifests(config, run, stage, groups, extra))
     if any(stage.needs_serving for stage in stages):
         objects += [build_serving_deployment(config), build_serving_service(config)]
     client = ApiClient()
     return [client.sanitize_for_serialization(obj) for obj in objects]
-
-
-def job_objects(config: PipelineConfig, run: RunContext, stage: Stage) -> list[Any]:
-    job = run.job_name
-    cluster = kubernetes_hosts(job, config.kubernetes.namespace, config.training.port, train_replicas(config))
-    objects: list[Any] = []
-    if stage.check_command is not None:
-        objects.append(build_stage_pod(config, run, stage_container(config, run, stage, check=True)))
-    objects.append(build_headless_service(config, run, stage, job))
-    objects.extend(build_job_pods(config, run, train_containers(config, run, stage, cluster), job))
-    return objects
 
 
 def write_manifests(manifests: list[dict[str, Any]], out: Path) -> list[Path]:

@@ -72,14 +72,15 @@ class ContainerSpec:
 def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra_args: tuple[str, ...] = (),
                     *, check: bool = False, group: int | None = None) -> ContainerSpec:
     """The container that runs `stage` of `run` with the (already overridden) `config`; `check` builds a job
-    stage's one-pod check instead (its `check_command`, labelled `check_name`); `group` is the file group of a
+    stage's one-pod check instead (its kind's `check_step`); `group` is the file group of a
     mapped task (`--group`, and the `trainyard/index` label)."""
-    if check and stage.check_command is None:
+    step = stage.kind.check_step
+    if check and step is None:
         raise ValueError(f"stage {stage.name!r} declares no check command")
     mount = config.kubernetes.volume.mount_path
     layout = run.layout(mount)
     args = [
-        stage.check_command if check else stage.command,
+        step.command if check and step else stage.command,
         "--volume", mount,
         "--run-dir", str(layout.run_dir),
         "--run-id", run.run_id,
@@ -96,7 +97,7 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra
     if trigger is not None:
         env[RUN_ENV] = json.dumps(trigger, sort_keys=True, default=str)
     return ContainerSpec(
-        stage=(stage.check_name or stage.name) if check else stage.name,
+        stage=step.name if check and step else stage.name,
         role="main",
         image=config.kubernetes.image(stage.configured_image(config)),
         command=["python", "-m", stage.image.module],

@@ -22,7 +22,7 @@ def launch_training(config: PipelineConfig, run: RunContext, stage: Stage, launc
     answers `skipped` (nothing new since the served model) ends it there: its result is returned, no replica
     starts."""
     run_layout = run.layout(config.kubernetes.volume.mount_path)
-    if stage.check_command is not None:
+    if stage.kind.check_step is not None:
         check = stage_container(config, run, stage, check_args, check=True)
         checked = launcher.run_pod(build_stage_pod(config, run, check), log, context)
         if checked is not None and checked.get("skipped"):

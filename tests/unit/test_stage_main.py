@@ -39,8 +39,7 @@ def test_each_entrypoint_runs_exactly_the_commands_its_parser_accepts(package: s
 
 
 def test_every_command_the_registry_names_exists_in_its_image() -> None:
-    named = [(stage.image.module, command) for stage in STAGES
-             for command in (stage.command, stage.check_command) if command is not None]
+    named = [(stage.image.module, command) for stage in STAGES for command in stage.kind.commands(stage)]
     assert len(named) > len(STAGES)  # the job's check command is among them
     missing = [f"{module} {command}" for module, command in named
                if command not in importlib.import_module(f"{module}.__main__").COMMANDS]
