@@ -310,11 +310,6 @@ class DataConfig(Strict):
         return list(self._columns)
 
 
-class StageImage(Strict):
-    image: ImageRef
-    resources: Resources = shared(Resources())
-
-
 # Automatic chunks of prepare: about 64 MB of float64 cells, 200k to 1M rows (prepare holds a chunk and its
 # encodings; its costs are per row, so larger chunks buy nothing).
 CHUNK_CELLS = 8_000_000
