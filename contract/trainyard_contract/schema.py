@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -566,6 +566,10 @@ def _unknown_metric(task: str, name: str) -> str:
     return f"unknown metric {name!r} for {task}{hint} (one of {names})"
 
 
+Backend = Literal["local", "kubernetes"]  # the one list of backends: trainyard.backends.LAUNCHERS builds each
+BACKENDS: tuple[str, ...] = get_args(Backend)
+
+
 class PipelineConfig(Strict):
     """One pipeline = one DAG. `name` is the DAG id and must match the file name."""
 
@@ -579,7 +583,7 @@ class PipelineConfig(Strict):
     catchup: bool = False
     max_active_runs: int = Field(1, ge=1, le=64)
     retries: int = Field(1, ge=0, le=20)
-    backend: Literal["local", "kubernetes"] | None = None
+    backend: Backend | None = None
     data: DataConfig
     prep: PrepConfig = shared(PrepConfig())
     training: TrainingConfig = shared(TrainingConfig())

@@ -61,9 +61,11 @@ def local_serving_grpc(default_port: int) -> str:
 
 def backend_name(configured: str | None) -> str:
     """`TRAINYARD_BACKEND` wins, then the config's `backend`, then the embedded default `local`."""
+    from trainyard_contract.schema import BACKENDS
+
     name = os.environ.get("TRAINYARD_BACKEND") or configured or "local"
-    if name not in ("local", "kubernetes"):
-        raise ValueError(f"TRAINYARD_BACKEND must be 'local' or 'kubernetes' (got {name!r})")
+    if name not in BACKENDS:
+        raise ValueError(f"TRAINYARD_BACKEND must be one of {', '.join(map(repr, BACKENDS))} (got {name!r})")
     return name
 
 

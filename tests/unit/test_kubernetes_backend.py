@@ -361,3 +361,17 @@ def test_kpo_copies_the_stage_s_lines_but_not_tensorflow_s_start_up_chatter(conf
     assert launcher(config, fake).run_pod(pod, LOG, task_context()) == {"rows": 1}
     assert "2026-12-03 INFO validate: 1797 rows" in forwarded
     assert not set(forwarded) & set(CHATTER)
+
+
+def test_every_backend_the_config_accepts_has_a_launcher_and_no_other(config, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainyard.backends import LAUNCHERS
+    from trainyard.settings import backend_name
+    from trainyard_contract.schema import BACKENDS
+
+    assert set(LAUNCHERS) == set(BACKENDS) and len(BACKENDS) == 2
+    assert type(launcher_for("local", config)).__name__ == "LocalLauncher"
+    with pytest.raises(ValueError, match="unknown backend 'nomad'; use one of 'local', 'kubernetes'"):
+        launcher_for("nomad", config)
+    monkeypatch.setenv("TRAINYARD_BACKEND", "nomad")
+    with pytest.raises(ValueError, match="TRAINYARD_BACKEND must be one of 'local', 'kubernetes' \\(got 'nomad'\\)"):
+        backend_name(None)
