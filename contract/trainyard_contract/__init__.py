@@ -1,4 +1,5 @@
-"""The stage contract: what Trainyard's Airflow side and every stage image share (DESIGN.md, "The contract, module by module").
+"""The stage contract: what Trainyard's Airflow side and every stage image share (DESIGN.md, "The contract, module
+by module").
 
 Pydantic and the standard library only, and only what crosses the boundary between the Airflow side and an image,
 or between two images: the config schema (`schema`), the shared-volume layout with every named run artifact
