@@ -78,7 +78,7 @@ def test_the_check_finds_each_kind_of_spelling() -> None:
 
 def test_the_sources_are_found() -> None:
     names = {p.relative_to(REPO).as_posix() for p in SOURCES}
-    assert {"images/prep/trainyard_prep/validate.py", "plugins/trainyard/cli.py",
+    assert {"images/prep/trainyard_prep/validate.py", "plugins/trainyard/commands/running.py",
             "tests/integration/test_pipeline_run.py", "bench/prep_bench.py"} <= names
 
 

@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -391,13 +392,22 @@ def merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, An
         raise
 
 
-def _merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any], parts: list[Path],
-                    before_commit: Callable[[], None] | None) -> dict[str, Any]:
-    started = time.monotonic()
+@dataclass
+class MergedFigures:
+    """The groups' partial figures folded in file order: row counts per shard, train statistics, vocabularies."""
+
+    groups: list[dict[str, Any]]
+    totals_of: FilePartials
+    shard_rows: dict[str, list[int]]
+    totals: dict[str, int]
+    feature_stats: dict[str, Any]
+    vocabularies: dict[str, Any]
+    regression_stats: dict[str, Any] | None
+
+
+def _fold_groups(config: PipelineConfig, parts: list[Path]) -> MergedFigures:
+    """Fold every group's per-file partials in manifest order; StageError when a split or a feature is empty."""
     data = config.data
-    label = data.label
-    classes = [str(c) for c in label.classes or []]
-    split = data.split
     groups = load_group_parts(parts, PARTIALS, "prepare_data")
     totals_of = FilePartials(config)
     for group in groups:
@@ -409,67 +419,87 @@ def _merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, A
     if totals["train"] == 0 or totals["eval"] == 0:
         raise StageError(
             f"the split left {totals['train']} train and {totals['eval']} eval row(s); need both "
-            f"(add rows or change data.split.eval_fraction={split.eval_fraction})"
+            f"(add rows or change data.split.eval_fraction={data.split.eval_fraction})"
         )
     feature_stats = totals_of.stats.as_dict()
     for name, entry_stats in feature_stats.items():
         if entry_stats["count"] == 0:
             raise StageError(f"numeric feature {name!r} has no values in the train split (every row is "
                              "missing): check the data, or remove the feature from data.features")
-    vocabularies = totals_of.vocab.vocabularies()
-    regression_stats = totals_of.label_stats.as_dict()[label.name] if label.task == "regression" else None
-    with staged_dir(run_dir / layout.PREPARED) as out:
-        writers = shard_paths(out, data)
-        for name, paths in writers.items():
-            for path in paths:
-                join_files([part / name / path.name for part in parts], path)
-        every = [path for paths in writers.values() for path in paths]
-        written = groups[0].get("shard_sha256") if len(groups) == 1 else None
-        if written is not None:  # the part was renamed into place: the digests taken as it was written hold
-            digests = written["train"] + written["eval"]
-        else:
-            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib lets go of the GIL
-                digests = list(pool.map(_file_digest, every))
-        sha256_of = dict(zip(every, digests, strict=True))
-        outputs = [
-            {"path": str(path.relative_to(out)), "split": name, "rows": shard_rows[name][i],
+    label = data.label
+    return MergedFigures(groups, totals_of, shard_rows, totals, feature_stats, totals_of.vocab.vocabularies(),
+                         totals_of.label_stats.as_dict()[label.name] if label.task == "regression" else None)
+
+
+def _join_shards(out: Path, data: DataConfig, parts: list[Path], merged: MergedFigures) -> list[dict[str, Any]]:
+    """Each shard as the concatenation of its groups' parts, in group order; its rows, bytes and sha256."""
+    writers = shard_paths(out, data)
+    for name, paths in writers.items():
+        for path in paths:
+            join_files([part / name / path.name for part in parts], path)
+    every = [path for paths in writers.values() for path in paths]
+    written = merged.groups[0].get("shard_sha256") if len(merged.groups) == 1 else None
+    if written is not None:  # the part was renamed into place: the digests taken as it was written hold
+        digests = written["train"] + written["eval"]
+    else:
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib lets go of the GIL
+            digests = list(pool.map(_file_digest, every))
+    sha256_of = dict(zip(every, digests, strict=True))
+    return [{"path": str(path.relative_to(out)), "split": name, "rows": merged.shard_rows[name][i],
              "bytes": path.stat().st_size, "sha256": sha256_of[path]}
-            for name, paths in writers.items() for i, path in enumerate(paths)
-        ]
+            for name, paths in writers.items() for i, path in enumerate(paths)]
+
+
+def _stats_document(config: PipelineConfig, merged: MergedFigures) -> dict[str, Any]:
+    """`prepared/stats.json`: train-split statistics, vocabulary sizes and the label's distribution."""
+    classes = [str(c) for c in config.data.label.classes or []]
+    return {
+        "rows": merged.totals, "computed_on": "train split", "features": merged.feature_stats,
+        "categorical": {name: {k: v for k, v in entry.items() if k != "vocabulary"} | {
+            "vocabulary_size": len(entry["vocabulary"])} for name, entry in merged.vocabularies.items()},
+        "label_distribution": {name: dict(zip(classes, counts.tolist(), strict=True))
+                               for name, counts in merged.totals_of.label_counts.items()} if classes else None,
+        "label": merged.regression_stats,
+    }
+
+
+def _prepared_manifest(config: PipelineConfig, manifest: dict[str, Any], merged: MergedFigures,
+                       outputs: list[dict[str, Any]], merge_seconds: float) -> dict[str, Any]:
+    """`prepared/manifest.json` (and the stage's result): shards, rows, the inputs' and config's hashes, timings."""
+    split, groups = config.data.split, merged.groups
+    input_digest = hashlib.sha256("".join(f["sha256"] for f in manifest["files"]).encode()).hexdigest()
+    throughput = combined_throughput([g["throughput"] for g in groups])
+    throughput.setdefault("us_per_row", {})["merge"] = round(
+        merge_seconds * 1e6 / max(sum(merged.totals.values()), 1), 3)
+    return {
+        "rows": merged.totals,
+        "shards": outputs,
+        "inputs": {"files": len(manifest["files"]), "bytes": manifest["total_bytes"], "sha256": input_digest},
+        "split": {"eval_fraction": split.eval_fraction, "seed": split.seed, "method": "sha256-keyed row hash"},
+        "config_sha256": hashlib.sha256(config.model_dump_json().encode()).hexdigest(),
+        "groups": [{"files": len(g["files"]), "rows": sum(f["rows"] for f in g["files"]),
+                    "seconds": g["throughput"]["seconds"]} for g in groups],
+        "seconds": round(max(g["throughput"]["seconds"] for g in groups) + merge_seconds, 3),
+        "throughput": throughput,
+    }
+
+
+def _merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, Any], parts: list[Path],
+                    before_commit: Callable[[], None] | None) -> dict[str, Any]:
+    started = time.monotonic()
+    merged = _fold_groups(config, parts)
+    with staged_dir(run_dir / layout.PREPARED) as out:
+        outputs = _join_shards(out, config.data, parts, merged)
         if before_commit is not None:
             before_commit()
-        schema = schema_document(config, feature_stats, vocabularies, regression_stats)
-        write_json(out / layout.PREPARED_SCHEMA.name, schema)
-        write_json(out / layout.PREPARED_STATS.name, {
-            "rows": totals, "computed_on": "train split", "features": feature_stats,
-            "categorical": {name: {k: v for k, v in entry.items() if k != "vocabulary"} | {
-                "vocabulary_size": len(entry["vocabulary"])} for name, entry in vocabularies.items()},
-            "label_distribution": {name: dict(zip(classes, counts.tolist(), strict=True))
-                                   for name, counts in totals_of.label_counts.items()} if classes else None,
-            "label": regression_stats,
-        })
-        input_digest = hashlib.sha256(
-            "".join(f["sha256"] for f in manifest["files"]).encode()
-        ).hexdigest()
-        throughput = combined_throughput([g["throughput"] for g in groups])
-        merge_seconds = time.monotonic() - started
-        throughput.setdefault("us_per_row", {})["merge"] = round(merge_seconds * 1e6 / max(sum(totals.values()), 1),
-                                                                 3)
-        result = {
-            "rows": totals,
-            "shards": outputs,
-            "inputs": {"files": len(manifest["files"]), "bytes": manifest["total_bytes"], "sha256": input_digest},
-            "split": {"eval_fraction": split.eval_fraction, "seed": split.seed, "method": "sha256-keyed row hash"},
-            "config_sha256": hashlib.sha256(config.model_dump_json().encode()).hexdigest(),
-            "groups": [{"files": len(g["files"]), "rows": sum(f["rows"] for f in g["files"]),
-                        "seconds": g["throughput"]["seconds"]} for g in groups],
-            "seconds": round(max(g["throughput"]["seconds"] for g in groups) + merge_seconds, 3),
-            "throughput": throughput,
-        }
+        write_json(out / layout.PREPARED_SCHEMA.name, schema_document(config, merged.feature_stats,
+                                                                     merged.vocabularies, merged.regression_stats))
+        write_json(out / layout.PREPARED_STATS.name, _stats_document(config, merged))
+        result = _prepared_manifest(config, manifest, merged, outputs, time.monotonic() - started)
         write_json(out / layout.PREPARED_MANIFEST.name, result)
     shutil.rmtree(run_dir / layout.PREPARED_PARTS, ignore_errors=True)  # every byte of it is in prepared/ now
-    log.info("prepared %d train / %d eval rows into %d shard(s) from %d group(s)", totals["train"], totals["eval"],
-             len(outputs), len(groups))
+    log.info("prepared %d train / %d eval rows into %d shard(s) from %d group(s)", merged.totals["train"],
+             merged.totals["eval"], len(outputs), len(merged.groups))
     return result
 
 
