@@ -104,3 +104,13 @@ def test_default_images_each_have_a_dockerfile() -> None:
         assert (REPO / "images" / folder / "Dockerfile").is_file(), image
     assert TrainingConfig().image != EvaluationConfig().image  # GPU base for training, CPU base for evaluation
     assert "gpu" in dockerfile_instructions(REPO / "images" / "trainer" / "Dockerfile")[0][1]
+
+
+def test_the_evaluate_image_is_the_trainer_s_on_a_cpu_base() -> None:
+    """Line for line after FROM, so a builder whose two bases are one image (CI's) builds and stores it once."""
+    trainer = dockerfile_instructions(REPO / "images" / "trainer" / "Dockerfile")
+    evaluate = dockerfile_instructions(REPO / "images" / "evaluate" / "Dockerfile")
+    assert (trainer[0][1], evaluate[0][1]) == ("tensorflow/tensorflow:2.21.0-gpu", "tensorflow/tensorflow:2.21.0")
+    assert evaluate[1:] == trainer[1:]
+    serving = dockerfile_instructions(REPO / "images" / "serving" / "Dockerfile")
+    assert serving[:4] == evaluate[:4]  # the serving image shares the CPU base and the layers up to its pip line
