@@ -1,5 +1,5 @@
 """What every stage entrypoint (images/*/__main__.py) shares: one shape (`stage_main`), exit codes, typed failures,
-arguments, the config from the pod env, the result line, progress logging. Part of the contract package: the Airflow
+arguments, the config from the pod env and the result line. Part of the contract package: the Airflow
 side builds the pod env and reads the result with the same names, and every image installs it (no Airflow, no
 TensorFlow here)."""
 
