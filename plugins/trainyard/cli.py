@@ -1,13 +1,15 @@
 """`trainyard`: the verbs Airflow has no word for. `check` configs, `run` a pipeline end to end, write example `data`,
 `serve` models locally and `predict` through them, create the `pools` the configs name, `mark-data` for
 asset-scheduled pipelines, `new` to scaffold a pipeline, `render` a run's manifests, `cleanup` the training jobs on a
-cluster whose launcher died. The verbs live in `trainyard.commands`, one module per group; each adds its own
-sub-commands (`register`). This stays one module, not a package with a `__main__.py`: Airflow's plugin manager
-imports every file under `plugins/` by its stem, so a `__main__.py` there would run as `__main__` inside every
-Airflow process (`trainyard run` started itself again from within `dag.test`).
+cluster whose launcher died.
 
 Exit codes: 0 success, 1 invalid config or failed run, 2 usage error.
 """
+
+# The verbs live in `trainyard.commands`, one module per group; each adds its own sub-commands (`register`). This
+# stays one module, not a package with a `__main__.py`: Airflow's plugin manager imports every file under
+# `plugins/` by its stem, so a `__main__.py` there runs as `__main__` inside Airflow processes (`trainyard run`
+# started itself again from within `dag.test`).
 
 from __future__ import annotations
 
