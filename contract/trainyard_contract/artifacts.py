@@ -108,5 +108,6 @@ def read(run_dir: Path, artifact: layout.Artifact, model: type[M], writer: str, 
 
 
 def write(path: Path, record: RunFile) -> None:
-    """`record` as JSON at `path`, by temp-then-rename (atomic.write_json)."""
-    write_json(path, record.model_dump())
+    """`record` as JSON at `path`, by temp-then-rename (atomic.write_json): the fields its writer set, so a
+    regression smoke set holds no class fields at all (not nulls)."""
+    write_json(path, record.model_dump(exclude_unset=True))
