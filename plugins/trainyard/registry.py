@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trainyard.stage_kinds import POD, Branch, Job, Pod
-from trainyard.stage_kinds import skip_task_id as skip_task_id  # re-exported: the DAG's task ids
-from trainyard.stage_kinds import teardown_task_id as teardown_task_id
 from trainyard_contract import layout as L
 from trainyard_contract.layout import Artifact
 from trainyard_contract.schema import PipelineConfig, Resources
