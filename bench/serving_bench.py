@@ -29,6 +29,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # 
 
 from tests.integration.serving_helpers import Server, export_tiny_model  # noqa: E402
 from trainyard_contract import layout  # noqa: E402
+from trainyard_contract.artifacts import VersionRecord  # noqa: E402
 from trainyard_serving.publishing import publish  # noqa: E402
 
 CLIENTS = 8
@@ -79,7 +80,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         saved = export_tiny_model(root / "export")
-        publish(root / layout.MODELS / "tiny", saved, {"run_id": "bench"})
+        publish(root / layout.MODELS / "tiny", saved, VersionRecord(run_id="bench"))
         if args.slow_readers_only:
             slow_readers(root)
             return 0
@@ -121,7 +122,7 @@ def main() -> int:
 
             def publisher() -> None:
                 for _ in range(20):
-                    published.append(publish(root / layout.MODELS / "tiny", saved, {"run_id": "bench"}))
+                    published.append(publish(root / layout.MODELS / "tiny", saved, VersionRecord(run_id="bench")))
                     time.sleep(0.4)
 
             thread = threading.Thread(target=publisher)
@@ -265,7 +266,7 @@ def leak_check(server: Server, stub, request, model_dir: Path, saved: Path) -> N
     for thread in threads:
         thread.start()
     for _ in range(20):
-        publish(model_dir, saved, {"run_id": "bench-swap"})
+        publish(model_dir, saved, VersionRecord(run_id="bench-swap"))
         time.sleep(0.3)
     for thread in threads:
         thread.join()

@@ -89,6 +89,55 @@ class Resources(Strict):
     gpu: int = Field(0, ge=0, le=16)
 
 
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
+# What Trainyard itself sets in every stage process: a stage's `runtime.env` cannot replace it.
+RESERVED_ENV = ("TF_CONFIG", "TF_GRPC_DEFAULT_OPTIONS", "PYTHONUNBUFFERED")
+RESERVED_ENV_PREFIX = "TRAINYARD_"
+
+
+class StageRuntime(Strict):
+    """Where a stage's pods run, the same shape in every stage section (`prep`, `training`, `evaluation`,
+    `deploy`): the image, the Kubernetes resources, and environment variables for the code in it (your model
+    module's settings, a proxy, a thread count). Each section's subclass gives its own defaults."""
+
+    image: ImageRef
+    resources: Resources = shared(Resources())
+    env: dict[EnvName, str] = Field({}, description="extra environment variables of every pod of the stage (on "
+                                    "both backends); secrets belong in kubernetes.secrets, not here")
+
+    @field_validator("env")
+    @classmethod
+    def _not_reserved(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
+                raise ValueError(f"@{name}: set by Trainyard itself in every stage process; choose another name")
+        return env
+
+
+class PrepRuntime(StageRuntime):
+    image: ImageRef = "trainyard/prep:0.1.0"
+    resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
+
+
+class TrainingRuntime(StageRuntime):
+    """The training job's image and env (every replica), and the chief's resources (ps and workers have theirs)."""
+
+    image: ImageRef = "trainyard/trainer:0.1.0"
+    resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
+
+
+class EvaluationRuntime(StageRuntime):
+    image: ImageRef = "trainyard/evaluate:0.1.0"  # the trainer's package on a CPU base
+    resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
+
+
+class DeployRuntime(StageRuntime):
+    """The deploy step's pod (not TF Serving's: that is `deploy.image` and `deploy.resources`)."""
+
+    image: ImageRef = "trainyard/serving:0.1.0"
+    resources: Resources = shared(Resources(cpu="500m", memory="2Gi"))
+
+
 class Vocabulary(Strict):
     """How prepare builds a categorical feature's vocabulary from the train split."""
 
@@ -327,8 +376,7 @@ MAX_PREP_GROUPS = 64
 
 
 class PrepConfig(Strict):
-    image: ImageRef = "trainyard/prep:0.1.0"
-    resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
+    runtime: PrepRuntime = shared(PrepRuntime())  # every data-stage pod
     chunk_rows: int | None = Field(
         None, ge=100, le=5_000_000, description="rows per chunk read, validated and written; default: for "
         "prepare about 8M cells (64 MB of numbers), 200k to 1M rows; for validate up to 32M cells (256 MB), "
@@ -396,9 +444,8 @@ class ModelSpec(Strict):
 
 class TrainingConfig(Strict):
     strategy: Literal["parameter_server", "multi_worker_mirrored", "single"] = "parameter_server"
-    image: ImageRef = "trainyard/trainer:0.1.0"
+    runtime: TrainingRuntime = shared(TrainingRuntime())
     model: ModelSpec = shared(ModelSpec())
-    chief: Resources = shared(Resources(cpu="1", memory="2Gi"))
     ps: PsReplicas = shared(PsReplicas())
     workers: WorkerReplicas = shared(WorkerReplicas())
     priority: Literal["high", "low"] = "low"
@@ -452,8 +499,7 @@ class ChangeThreshold(Strict):
 
 
 class EvaluationConfig(Strict):
-    image: ImageRef = "trainyard/evaluate:0.1.0"  # the trainer's package on a CPU base
-    resources: Resources = shared(Resources(cpu="1", memory="2Gi"))
+    runtime: EvaluationRuntime = shared(EvaluationRuntime())  # evaluate and decide
     metrics: list[Identifier] | None = Field(
         None, description="what evaluate computes (default per task: see trainyard_contract.metrics)")
     thresholds: dict[str, Threshold] = {}
@@ -462,9 +508,8 @@ class EvaluationConfig(Strict):
 
 class DeployConfig(Strict):
     model_name: K8sName | None = None
+    runtime: DeployRuntime = shared(DeployRuntime())  # the deploy step
     image: ImageRef = Field("tensorflow/serving:2.19.0", description="the TF Serving image (Kubernetes backend)")
-    client_image: ImageRef = Field("trainyard/serving:0.1.0", description="runs the deploy step")
-    client_resources: Resources = shared(Resources(cpu="500m", memory="2Gi"))
     grpc_port: int = Field(8500, ge=1, le=65535)
     rest_port: int = Field(8501, ge=1, le=65535)
     replicas: int = Field(1, ge=1, le=100)
@@ -570,6 +615,9 @@ Backend = Literal["local", "kubernetes"]  # the one list of backends: trainyard.
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
+STAGE_SECTIONS = ("prep", "training", "evaluation", "deploy")  # the sections with a `runtime`
+
+
 class PipelineConfig(Strict):
     """One pipeline = one DAG. `name` is the DAG id and must match the file name."""
 
@@ -619,6 +667,21 @@ class PipelineConfig(Strict):
                 raise ValueError(f"@evaluation.change_threshold.metric: {change.metric!r} is not computed: add it "
                                  f"to evaluation.metrics (now {list(computed)})")
         return self
+
+    @model_validator(mode="after")
+    def _env_is_not_a_secret(self) -> PipelineConfig:
+        """A name in a stage's `runtime.env` and in `kubernetes.secrets` would be two values for one variable."""
+        secret_names = {ref.env for ref in self.kubernetes.secrets}
+        for section in STAGE_SECTIONS:
+            for name in getattr(self, section).runtime.env:
+                if name in secret_names:
+                    raise ValueError(f"@{section}.runtime.env.{name}: also filled from a secret in "
+                                     "kubernetes.secrets; keep one")
+        return self
+
+    def runtimes(self) -> dict[str, StageRuntime]:
+        """Each stage section's runtime, by section name."""
+        return {section: getattr(self, section).runtime for section in STAGE_SECTIONS}
 
     @property
     def metric_names(self) -> tuple[str, ...]:

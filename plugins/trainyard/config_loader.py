@@ -12,6 +12,7 @@ override. The variable belongs where the DAGs are parsed and run (the Airflow sc
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import types
 import typing
@@ -21,12 +22,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from trainyard.config_migration import MigrationError, migrate
 from trainyard.yaml_source import Loc, SourceDocument, YamlSourceError, load_yaml_file
 from trainyard_contract.schema import UNION_TAGS, PipelineConfig
 
 DEFAULTS_FILE = "_defaults.yaml"
 PROFILE_ENV = "TRAINYARD_PROFILE"
 CONFIG_SUFFIXES = (".yaml", ".yml")
+log = logging.getLogger("trainyard")
 
 
 class ConfigError(Exception):
@@ -123,9 +126,8 @@ def _error_line(error: dict[str, Any], sources: Iterable[SourceDocument], fallba
     dotted = ".".join(str(part) for part in loc) or "(top level)"
     mark = None
     for source in sources:
-        table = source.key_marks if error["type"] == "extra_forbidden" else source.marks
-        if loc in table:
-            mark = table[loc]
+        mark = source.find(loc, key=error["type"] == "extra_forbidden")
+        if mark is not None:
             break
     if mark is None:
         mark = fallback.mark_for(loc)
@@ -167,14 +169,29 @@ def load_defaults(folder: Path) -> list[SourceDocument]:
 
 
 def validate_document(
-    document: SourceDocument, defaults: list[SourceDocument] | None, expected_name: str | None
+    document: SourceDocument, defaults: list[SourceDocument] | None, expected_name: str | None,
+    notices: list[str] | None = None,
 ) -> PipelineConfig:
     """Validate one parsed pipeline (merged over the defaults, lowest first); raise ConfigError with every
-    problem, each pointing at the file its value came from."""
+    problem, each pointing at the file its value came from. Old spellings of fields are read (config_migration.py)
+    and each adds a `FILE:LINE:COL: field: ...` line to `notices` (logged once per process when none is given)."""
+    layers, said = [], []
+    try:
+        for layer in [*(defaults or []), document]:
+            migrated, moved = migrate(layer)
+            layers.append(migrated)
+            said += moved
+    except MigrationError as exc:
+        raise ConfigError(exc.lines) from None
+    if notices is not None:
+        notices.extend(said)
+    else:
+        _log_once(said)
+    document, defaults = layers[-1], layers[:-1]
     data: dict[str, Any] = {}
-    for layer in [*(defaults or []), document]:
+    for layer in layers:
         data = deep_merge(data, layer.data) if data else layer.data
-    sources = [document, *reversed(defaults or [])]
+    sources = [document, *reversed(defaults)]
     try:
         config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
@@ -188,7 +205,18 @@ def validate_document(
     return config
 
 
-def load_pipeline_file(path: Path, defaults: list[SourceDocument] | None = None) -> PipelineConfig:
+_logged: set[str] = set()
+
+
+def _log_once(notices: list[str]) -> None:
+    for line in notices:
+        if line not in _logged:
+            _logged.add(line)
+            log.warning("%s", line)
+
+
+def load_pipeline_file(path: Path, defaults: list[SourceDocument] | None = None,
+                       notices: list[str] | None = None) -> PipelineConfig:
     """Load one pipeline config file; defaults come from `_defaults.yaml` (and the profile) beside it unless
     given."""
     try:
@@ -197,7 +225,7 @@ def load_pipeline_file(path: Path, defaults: list[SourceDocument] | None = None)
         document = load_yaml_file(path, display_path(path))
     except YamlSourceError as exc:
         raise ConfigError(exc.lines) from None
-    return validate_document(document, defaults, expected_name=path.stem)
+    return validate_document(document, defaults, expected_name=path.stem, notices=notices)
 
 
 def pipeline_files(folder: Path) -> list[Path]:
@@ -223,8 +251,9 @@ def find_pipeline_file(folder: Path, name: str) -> Path:
     return candidates[0]
 
 
-def check_folder(paths: list[Path]) -> tuple[list[PipelineConfig], list[str]]:
-    """Validate several files (as `trainyard check` does): every valid config and every error line."""
+def check_folder(paths: list[Path], notices: list[str] | None = None) -> tuple[list[PipelineConfig], list[str]]:
+    """Validate several files (as `trainyard check` does): every valid config and every error line; deprecated
+    spellings go to `notices`, each line once."""
     configs: list[PipelineConfig] = []
     errors: list[str] = []
     seen: dict[str, Path] = {}
@@ -234,7 +263,10 @@ def check_folder(paths: list[Path]) -> tuple[list[PipelineConfig], list[str]]:
             folder = path.parent.resolve()
             if folder not in defaults_cache:
                 defaults_cache[folder] = load_defaults(path.parent)
-            config = load_pipeline_file(path, defaults_cache[folder])
+            said: list[str] = []
+            config = load_pipeline_file(path, defaults_cache[folder], said)
+            if notices is not None:
+                notices.extend(line for line in said if line not in notices)
         except ConfigError as exc:
             errors.extend(exc.lines)
             continue

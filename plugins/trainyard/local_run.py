@@ -169,19 +169,20 @@ def interrupt_handler(signum: int, frame: Any) -> None:
 
 def publish_note(run_dir: Path) -> str:
     """What the deploy step of an interrupted run did, from its journal (`deploy/result.json`)."""
-    import json
+    from pydantic import ValidationError
 
     from trainyard_contract import layout
+    from trainyard_contract.artifacts import DeployJournal
 
     try:
-        journal = json.loads((run_dir / layout.DEPLOY_RESULT).read_text())
-    except (OSError, ValueError):
+        journal = DeployJournal.model_validate_json((run_dir / layout.DEPLOY_RESULT).read_bytes())
+    except (OSError, ValidationError):
         return "nothing was published"
-    state, version = journal.get("state"), journal.get("version")
+    state, version = journal.state, journal.version
     if state == "verified":
         return f"version {version} had been published and verified before the stop"
     if state == "interrupted":
-        return journal.get("reason") or f"version {version} was published and not verified"
+        return journal.reason or f"version {version} was published and not verified"
     if state == "published":
         return (f"version {version} was published and NOT verified; the next deploy or server start removes it "
                 "(see deploy/result.json)")

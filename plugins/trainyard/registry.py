@@ -16,7 +16,7 @@ from typing import Any, Literal
 from trainyard.stage_kinds import POD, Branch, Job, Pod
 from trainyard_contract import layout as L
 from trainyard_contract.layout import Artifact
-from trainyard_contract.schema import PipelineConfig, Resources
+from trainyard_contract.schema import STAGE_SECTIONS, PipelineConfig, StageRuntime
 
 Hardware = Literal["cpu", "gpu"]
 
@@ -42,6 +42,13 @@ PREP = StageImage("trainyard/prep", "trainyard_prep", KEEP_FREED_MEMORY)
 TRAINER = StageImage("trainyard/trainer", "trainyard_trainer")
 EVALUATE = StageImage("trainyard/evaluate", "trainyard_trainer")
 SERVING = StageImage("trainyard/serving", "trainyard_serving")
+
+
+def runtime_of(section: str) -> Callable[[PipelineConfig], StageRuntime]:
+    """The runtime a stage takes from its config section (`prep.runtime`, `training.runtime`, ...)."""
+    if section not in STAGE_SECTIONS:
+        raise ValueError(f"{section!r} is not a stage section of the config ({', '.join(STAGE_SECTIONS)})")
+    return lambda config: getattr(config, section).runtime
 
 
 def _no_pool(config: PipelineConfig) -> str | None:
@@ -85,8 +92,7 @@ class Stage:
     kind: Pod
     hardware: Hardware
     doc: str
-    configured_image: Callable[[PipelineConfig], str]
-    resources: Callable[[PipelineConfig], Resources]
+    runtime: Callable[[PipelineConfig], StageRuntime]  # image (as configured), resources, env of its pods
     reads: tuple[Artifact, ...] = ()
     writes: tuple[Artifact, ...] = ()
     pool: Callable[[PipelineConfig], str | None] = _no_pool
@@ -120,20 +126,20 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         task_id="pin_inputs", name="pin", image=PREP, command="pin", kind=POD, hardware="cpu",
         doc="Pins the run's input partitions and cuts the files into `prep.parallelism` groups (fan-out only).",
-        configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
+        runtime=runtime_of("prep"),
         writes=(L.INPUTS_MANIFEST, L.INPUT_GROUPS), only_if=_fans_out, result_key="groups",
     ),
     Stage(
         task_id="validate_data", name="validate", image=PREP, command="validate", kind=POD, hardware="cpu",
         doc="Great Expectations suite from the config on the run's input partitions.",
-        configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
+        runtime=runtime_of("prep"),
         writes=(L.INPUTS_MANIFEST, L.VALIDATION_PARTS, L.VALIDATION_RESULTS, L.DATA_DOCS),
         maps_over="pin_inputs",
     ),
     Stage(
         task_id="prepare_data", name="prepare", image=PREP, command="prepare", kind=POD, hardware="cpu",
         doc="Deterministic split into TFRecord shards with schema, stats and manifest.",
-        configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
+        runtime=runtime_of("prep"),
         reads=(L.INPUTS_MANIFEST,),
         writes=(L.PREPARED_PARTS, L.PREPARED_SCHEMA, L.PREPARED_STATS, L.PREPARED_MANIFEST),
         maps_over="pin_inputs",
@@ -142,7 +148,7 @@ STAGES: tuple[Stage, ...] = (
         task_id="merge_data", name="merge", image=PREP, command="merge", kind=POD, hardware="cpu",
         doc="Joins the groups: one validation result and Data Docs site, the table-level checks, the shards in "
             "file order, statistics, schema and manifest (fan-out only).",
-        configured_image=lambda c: c.prep.image, resources=lambda c: c.prep.resources,
+        runtime=runtime_of("prep"),
         reads=(L.INPUTS_MANIFEST, L.INPUT_GROUPS, L.VALIDATION_PARTS, L.PREPARED_PARTS),
         writes=(L.VALIDATION_RESULTS, L.DATA_DOCS, L.PREPARED_SCHEMA, L.PREPARED_STATS, L.PREPARED_MANIFEST),
         only_if=_fans_out,
@@ -151,7 +157,7 @@ STAGES: tuple[Stage, ...] = (
         task_id="train", name="train", image=TRAINER, command="train", hardware="gpu",
         kind=Job(check_command="check", check_name="check_model"),
         doc="Distributed TensorFlow job (chief + parameter servers + workers); exports the SavedModel.",
-        configured_image=lambda c: c.training.image, resources=lambda c: c.training.chief,
+        runtime=runtime_of("training"),
         reads=(L.PREPARED_SCHEMA, L.PREPARED_STATS, L.PREPARED_MANIFEST),
         writes=(L.CHECKPOINTS, L.CLUSTER_LOGS, L.TENSORBOARD_TRAIN, L.SAVED_MODEL, L.MODEL_SCHEMA,
                 L.TRAINING_RECORD),
@@ -162,7 +168,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         task_id="evaluate", name="evaluate", image=EVALUATE, command="evaluate", kind=POD, hardware="cpu",
         doc="The new and the served model scored on the same eval rows; bootstrap of the change; report.",
-        configured_image=lambda c: c.evaluation.image, resources=lambda c: c.evaluation.resources,
+        runtime=runtime_of("evaluation"),
         reads=(L.PREPARED_MANIFEST, L.SAVED_MODEL, L.MODEL_SCHEMA, L.TENSORBOARD_TRAIN),
         writes=(L.METRICS, L.SMOKE_SET, L.REPORT),
     ),
@@ -170,7 +176,7 @@ STAGES: tuple[Stage, ...] = (
         task_id="decide", name="decide", image=EVALUATE, command="decide", kind=Branch(on="deploy"),
         hardware="cpu",
         doc="Thresholds met and better than the champion (or forced): deploy, else skip; reasons logged.",
-        configured_image=lambda c: c.evaluation.image, resources=lambda c: c.evaluation.resources,
+        runtime=runtime_of("evaluation"),
         reads=(L.METRICS, L.INPUTS_MANIFEST), writes=(L.DECISION,),
         flags=_force_flag,
     ),
@@ -178,7 +184,7 @@ STAGES: tuple[Stage, ...] = (
         task_id="deploy", name="deploy", image=SERVING, command="deploy", kind=POD, hardware="cpu",
         doc="Only with decide's blessing: publish version N+1, wait until AVAILABLE, smoke-test Predict, "
             "roll back on failure.",
-        configured_image=lambda c: c.deploy.client_image, resources=lambda c: c.deploy.client_resources,
+        runtime=runtime_of("deploy"),
         reads=(L.DECISION, L.SAVED_MODEL, L.SMOKE_SET, L.METRICS, L.INPUTS_MANIFEST, L.PREPARED_MANIFEST,
                L.TRAINING_RECORD, L.MODEL_SCHEMA),
         writes=(L.DEPLOY_RESULT,),

@@ -91,19 +91,21 @@ def stage_container(config: PipelineConfig, run: RunContext, stage: Stage, extra
     args += list(extra_args)
     if group is not None:
         args += ["--group", str(group)]
-    env = {**dict(stage.image.env), CONFIG_ENV: config.model_dump_json(), "PYTHONUNBUFFERED": "1",
-           "TF_CPP_MIN_LOG_LEVEL": "2", "GX_ANALYTICS_ENABLED": "False"}
+    runtime = stage.runtime(config)
+    env = {**dict(stage.image.env), "TF_CPP_MIN_LOG_LEVEL": "2", "GX_ANALYTICS_ENABLED": "False",
+           **runtime.env,  # the config's, over the image's defaults; the names Trainyard sets it refuses
+           CONFIG_ENV: config.model_dump_json(), "PYTHONUNBUFFERED": "1"}
     trigger = run.trigger()
     if trigger is not None:
         env[RUN_ENV] = json.dumps(trigger, sort_keys=True, default=str)
     return ContainerSpec(
         stage=step.name if check and step else stage.name,
         role="main",
-        image=config.kubernetes.image(stage.configured_image(config)),
+        image=config.kubernetes.image(runtime.image),
         command=["python", "-m", stage.image.module],
         args=args,
         env=env,
-        resources=stage.resources(config),
+        resources=runtime.resources,
         index=group,
     )
 
@@ -116,7 +118,8 @@ def train_replicas(config: PipelineConfig) -> Replicas:
 def role_resources(config: PipelineConfig, role: str) -> Resources:
     """Workers get the GPU resources from the config; the chief and parameter servers are CPU."""
     training = config.training
-    return {"chief": training.chief, "ps": training.ps.resources, "worker": training.workers.resources}[role]
+    return {"chief": training.runtime.resources, "ps": training.ps.resources,
+            "worker": training.workers.resources}[role]
 
 
 # gRPC channel settings for every replica (TensorFlow reads TF_GRPC_DEFAULT_OPTIONS for its own channels). A

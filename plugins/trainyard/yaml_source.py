@@ -37,6 +37,7 @@ class SourceDocument:
     file: str
     data: dict[str, Any]
     node: yaml.Node = field(repr=False, compare=False)
+    moved: tuple[tuple[Loc, Loc], ...] = ()  # (where `data` has it, where the file has it): config_migration.py
 
     @cached_property
     def _positions(self) -> tuple[dict[Loc, Mark], dict[Loc, Mark]]:
@@ -55,8 +56,20 @@ class SourceDocument:
         """Where each mapping key starts (for "unknown field" errors)."""
         return self._positions[1]
 
+    def in_file(self, loc: Loc) -> Loc:
+        """Where `loc` of `data` is written in the file (an old spelling that was moved is found where it is)."""
+        for now, then in self.moved:
+            if loc[:len(now)] == now:
+                return then + loc[len(now):]
+        return loc
+
+    def find(self, loc: Loc, key: bool = False) -> Mark | None:
+        """The position of `loc` of `data` (of its key, with `key`), or None when the file does not give it."""
+        return (self.key_marks if key else self.marks).get(self.in_file(loc))
+
     def mark_for(self, loc: Loc) -> Mark | None:
         """The position of `loc`, or of its nearest ancestor present in the file."""
+        loc = self.in_file(loc)
         for end in range(len(loc), -1, -1):
             mark = self.marks.get(tuple(loc[:end]))
             if mark is not None:

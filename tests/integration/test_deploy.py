@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.serving_helpers import Server, export_tiny_model, http, wait_for
-from trainyard_contract import layout
+from trainyard_contract import artifacts, layout
+from trainyard_contract.artifacts import EvalMetrics, VersionRecord
 from trainyard_contract.runtime import StageError
 from trainyard_contract.schema import PipelineConfig
 from trainyard_serving.deploy import DeployFailed, deploy
@@ -42,7 +43,10 @@ def fake_run(volume: Path, name: str, smoke: dict, broken: bool = False, decisio
         (run_dir / layout.SAVED_MODEL / layout.SAVED_MODEL_PB).write_bytes(b"corrupt")
     (run_dir / layout.EVAL).mkdir(parents=True)
     (run_dir / layout.SMOKE_SET).write_text(json.dumps(smoke))
-    (run_dir / layout.METRICS).write_text(json.dumps({"challenger": {"accuracy": 1.0}}))
+    artifacts.write(run_dir / layout.METRICS, EvalMetrics(  # what evaluate writes for a first model
+        run_id=name, task="classification", eval_rows=4, loss={"name": "sparse_categorical_crossentropy"},
+        challenger={"accuracy": 1.0}, champion=None, signature={"challenger": {}, "champion": None},
+        comparison=None))
     (run_dir / layout.DEPLOY).mkdir()
     blessing = decision_of(True, "accuracy 1.0 >= 0.5")
     (run_dir / layout.DECISION).write_text(json.dumps(decision if decision is not None else blessing))
@@ -75,7 +79,7 @@ def test_published_files_are_read_only_copies_shared_with_nothing(tmp_path: Path
     """Was: every version published from one run hardlinked the run's export, so one edit changed them all."""
     saved = export_tiny_model(tmp_path / layout.SAVED_MODEL.name)
     models = tmp_path / layout.MODELS / "tiny"
-    first, second = publish(models, saved, {}), publish(models, saved, {})
+    first, second = publish(models, saved, VersionRecord()), publish(models, saved, VersionRecord())
     source = saved / layout.SAVED_MODEL_PB
     inodes = {os.stat(models / str(v) / layout.SAVED_MODEL_PB).st_ino for v in (first, second)}
     assert len(inodes) == 2 and os.stat(source).st_ino not in inodes
@@ -91,10 +95,10 @@ def test_version_numbers_are_never_reused_after_a_rollback(tmp_path: Path) -> No
 
     saved = export_tiny_model(tmp_path / layout.SAVED_MODEL.name)
     models = tmp_path / layout.MODELS / "tiny"
-    assert [publish(models, saved, {}) for _ in range(3)] == [1, 2, 3]
+    assert [publish(models, saved, VersionRecord()) for _ in range(3)] == [1, 2, 3]
     unpublish(models, 3)
     unpublish(models, 2)
-    assert publish(models, saved, {}) == 4  # was 2 again: "version 2" then named two different models
+    assert publish(models, saved, VersionRecord()) == 4  # was 2 again: "version 2" then named two different models
 
 
 KILL_AFTER_RENAME = """
@@ -242,7 +246,7 @@ def test_racing_deploys_get_distinct_versions(tmp_path: Path) -> None:
                                stdout=subprocess.PIPE, text=True) for i in range(4)]
     got = sorted(int(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in racers)
     assert got == [1, 2, 3, 4]
-    assert publish(models, saved, {}) == 5
+    assert publish(models, saved, VersionRecord()) == 5
     assert not [p for p in models.iterdir() if p.name.startswith(".tmp-")]
 
 
@@ -261,7 +265,7 @@ def test_a_publish_killed_midway_leaves_nothing_after_the_next_one(tmp_path: Pat
     leftovers = [p.name for p in models.iterdir() if p.name.startswith(".tmp-")]
     assert len(leftovers) == 1 and layout.published_versions(models) == []  # half a version, never visible
     (models / ".removed-7-deadbeef").mkdir()  # an unpublish that died while deleting
-    assert publish(models, saved, {}) == 1
+    assert publish(models, saved, VersionRecord()) == 1
     assert sorted(p.name for p in models.iterdir()) == [".last-version", ".publish.lock", "1"]
 
 
@@ -355,7 +359,7 @@ def test_an_interrupt_between_the_rename_and_the_return_leaves_no_unverified_ver
 
     monkeypatch.setattr(publishing, "fsync_dir", interrupted_once)
     with pytest.raises(KeyboardInterrupt):
-        publishing.publish_unverified(models, saved, {}, owner={"run_dir": "r"})
+        publishing.publish_unverified(models, saved, VersionRecord(), owner={"run_dir": "r"})
     assert layout.published_versions(models) == [] and not list(models.glob(".unverified-*"))
     monkeypatch.setattr(publishing, "fsync_dir", real)
-    assert publish(models, saved, {}) == 2  # and its number is not reused
+    assert publish(models, saved, VersionRecord()) == 2  # and its number is not reused

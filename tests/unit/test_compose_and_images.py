@@ -98,11 +98,12 @@ def test_each_image_is_pinned_and_copies_only_files_that_exist(stage: str) -> No
 
 
 def test_default_images_each_have_a_dockerfile() -> None:
-    defaults = [PrepConfig().image, TrainingConfig().image, EvaluationConfig().image, DeployConfig().client_image]
+    sections = (PrepConfig(), TrainingConfig(), EvaluationConfig(), DeployConfig())
+    defaults = [section.runtime.image for section in sections]
     for image in defaults:
         folder = image.split("/", 1)[1].split(":", 1)[0]
         assert (REPO / "images" / folder / "Dockerfile").is_file(), image
-    assert TrainingConfig().image != EvaluationConfig().image  # GPU base for training, CPU base for evaluation
+    assert TrainingConfig().runtime.image != EvaluationConfig().runtime.image  # GPU base, CPU base
     assert "gpu" in dockerfile_instructions(REPO / "images" / "trainer" / "Dockerfile")[0][1]
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from trainyard_contract import artifacts, layout
 from trainyard_contract.schema import PipelineConfig
 from trainyard_trainer.decide import decide
 from trainyard_trainer.metrics import binary_auc, classification_metrics
@@ -179,3 +182,23 @@ def test_regression_errors_are_lower_is_better_against_the_champion() -> None:
 def test_a_nan_metric_fails_its_threshold_with_a_reason() -> None:
     nan = decide(STRICT, {"challenger": {"accuracy": float("nan"), "loss": 0.3}, "champion": None}, False)
     assert nan["deploy"] is False and nan["reasons"] == ["accuracy: undefined on this eval split (NaN)"]
+
+
+def test_a_champion_whose_lineage_is_unreadable_is_still_the_champion_and_never_the_same_data(
+        tmp_path: Path) -> None:
+    from trainyard_contract.artifacts import InputsDigest, PreparedManifest
+    from trainyard_trainer.champion import champion, nothing_new
+
+    models = layout.models_dir(tmp_path, "m")
+    (models / "1").mkdir(parents=True)
+    (models / "1" / layout.VERSION_METADATA).write_text('{"data_sha256": "d", "config_sha256": "c", "run_id": "r"}')
+    run_dir = tmp_path / "run"
+    (run_dir / layout.PREPARED).mkdir(parents=True)
+    artifacts.write(run_dir / layout.PREPARED_MANIFEST, PreparedManifest(
+        rows={"train": 1}, shards=[], inputs=InputsDigest(files=1, bytes=1, sha256="d"), split={},
+        config_sha256="c", groups=[], seconds=0.0, throughput={}))
+    assert nothing_new(run_dir, models) is not None and "champion v1" in nothing_new(run_dir, models)
+    (models / "1" / layout.VERSION_METADATA).write_text('{"data_sha256": ["d"], "config_sha256": "c"}')
+    served = champion(models)
+    assert served is not None and served["version"] == 1 and served["data_sha256"] is None
+    assert nothing_new(run_dir, models) is None

@@ -10,7 +10,7 @@ import pytest
 
 from trainyard.registry import stage_named, stages_for, wiring_problems
 from trainyard_contract import artifacts, layout
-from trainyard_contract.artifacts import Decision, SmokeSet
+from trainyard_contract.artifacts import Decision, DeployJournal, EvalMetrics, InputsManifest, SmokeSet, VersionRecord
 from trainyard_contract.runtime import StageError
 from trainyard_contract.schema import PipelineConfig
 
@@ -60,3 +60,34 @@ def test_a_run_file_that_is_missing_or_not_what_its_writer_writes_names_the_file
     (tmp_path / layout.DECISION).write_text("{half")
     with pytest.raises(StageError, match="is not what decide writes: \\(the whole file\\): Invalid JSON"):
         artifacts.read(tmp_path, layout.DECISION, Decision, "decide", "deploy")
+
+
+def test_the_other_cross_image_run_files_refuse_what_their_writer_would_not_write(tmp_path: Path) -> None:
+    (tmp_path / layout.EVAL).mkdir()
+    (tmp_path / layout.METRICS).write_text(
+        '{"run_id": "r", "task": "classification", "eval_rows": 10, "loss": {}, "challenger": {"auc": "high"}, '
+        '"champion": null, "signature": {}, "comparison": null}')
+    with pytest.raises(StageError, match=r"metrics.json is not what evaluate writes: challenger.auc: Input should "
+                                         r"be a valid number"):
+        artifacts.read(tmp_path, layout.METRICS, EvalMetrics, "evaluate", "decide")
+    assert artifacts.read_if_present(tmp_path, layout.INPUTS_MANIFEST, InputsManifest, "validate_data",
+                                     "deploy") is None  # a model exported by hand has no run files around it
+    (tmp_path / layout.INPUTS).mkdir()
+    (tmp_path / layout.INPUTS_MANIFEST).write_text(
+        '{"source": "d", "window_end": null, "window_days": null, "partitions": ["2026-01-01"], "total_bytes": 1, '
+        '"trigger": null, "files": [{"source": "d/date=2026-01-01/a.csv", "snapshot": "inputs/a.csv", '
+        '"partition": "2026-01-01", "bytes": 1, "sha256": "0", "pinned_by": "symlink"}]}')
+    with pytest.raises(StageError, match=r"files.0.pinned_by: Input should be 'hardlink' or 'copy'"):
+        artifacts.read_if_present(tmp_path, layout.INPUTS_MANIFEST, InputsManifest, "validate_data", "deploy")
+    with pytest.raises(ValueError, match="state"):
+        DeployJournal.model_validate({"state": "done", "deployed": True, "published": True})
+
+
+def test_a_published_versions_record_from_another_trainyard_or_by_hand_still_reads() -> None:
+    """trainyard.json outlives the Trainyard that wrote it: a field it does not know is ignored, a missing one is
+    unknown (such a champion is never "the same data"), and a wrongly typed one is refused."""
+    assert VersionRecord.model_validate({}).data_sha256 is None
+    newer = VersionRecord.model_validate({"run_id": "r", "data_sha256": "ab", "signed_by": "a future field"})
+    assert newer.data_sha256 == "ab" and "signed_by" not in newer.model_dump()
+    with pytest.raises(ValueError, match="metrics"):
+        VersionRecord.model_validate({"metrics": "0.9"})

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainyard_contract import layout
-from trainyard_contract.atomic import staged_dir, write_json
+from trainyard_contract import artifacts, layout
+from trainyard_contract.artifacts import InputsManifest
+from trainyard_contract.atomic import staged_dir
 from trainyard_contract.runtime import StageError, log
 from trainyard_contract.schema import DataConfig
 
@@ -168,7 +169,7 @@ def pin_inputs(volume: Path, run_dir: Path, data: DataConfig, window_end: dt.dat
             "total_bytes": sum(f["bytes"] for f in files),
             "trigger": trigger,
         }
-        write_json(staging / layout.INPUTS_MANIFEST.name, manifest)
+        artifacts.write(staging / layout.INPUTS_MANIFEST.name, InputsManifest(**manifest))
     log.info("pinned %d file(s) from %d partition(s), %.1f MB", len(files), len(chosen), manifest["total_bytes"] / 1e6)
     return manifest
 
@@ -182,4 +183,7 @@ def load_run_json(run_dir: Path, artifact: layout.Artifact, written_by: str) -> 
 
 
 def load_manifest(run_dir: Path) -> dict[str, Any]:
-    return load_run_json(run_dir, layout.INPUTS_MANIFEST, "validate_data pins the inputs")
+    """The pinned inputs, checked against what pinning writes (a hand-edited manifest is bad input, named)."""
+    manifest = artifacts.read(run_dir, layout.INPUTS_MANIFEST, InputsManifest, "validate_data",
+                              "the stages after it")
+    return manifest.model_dump(exclude_unset=True)

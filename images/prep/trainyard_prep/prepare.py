@@ -28,7 +28,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import pandas as pd
 
-from trainyard_contract import layout
+from trainyard_contract import artifacts, layout
+from trainyard_contract.artifacts import PreparedManifest
 from trainyard_contract.atomic import staged_dir, write_json
 from trainyard_contract.runtime import StageError, log
 from trainyard_contract.schema import DataConfig, Feature, PipelineConfig
@@ -496,7 +497,7 @@ def _merge_prepared(run_dir: Path, config: PipelineConfig, manifest: dict[str, A
                                                                      merged.vocabularies, merged.regression_stats))
         write_json(out / layout.PREPARED_STATS.name, _stats_document(config, merged))
         result = _prepared_manifest(config, manifest, merged, outputs, time.monotonic() - started)
-        write_json(out / layout.PREPARED_MANIFEST.name, result)
+        artifacts.write(out / layout.PREPARED_MANIFEST.name, PreparedManifest(**result))
     shutil.rmtree(run_dir / layout.PREPARED_PARTS, ignore_errors=True)  # every byte of it is in prepared/ now
     log.info("prepared %d train / %d eval rows into %d shard(s) from %d group(s)", merged.totals["train"],
              merged.totals["eval"], len(outputs), len(merged.groups))

@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import numpy as np
 import tensorflow as tf
+from pydantic import ValidationError
 from tensorflow_serving.apis import (
     get_model_status_pb2,
     model_service_pb2_grpc,
@@ -37,8 +38,17 @@ from tensorflow_serving.apis import (
 )
 
 from trainyard_contract import artifacts, layout
-from trainyard_contract.artifacts import Decision, SmokeSet, TrainingRecord
-from trainyard_contract.atomic import write_json
+from trainyard_contract.artifacts import (
+    Decision,
+    DeployJournal,
+    EvalMetrics,
+    InputsManifest,
+    M,
+    PreparedManifest,
+    SmokeSet,
+    TrainingRecord,
+    VersionRecord,
+)
 from trainyard_contract.layout import published_versions
 from trainyard_contract.runtime import StageFailure, log
 from trainyard_contract.schema import PipelineConfig
@@ -185,26 +195,29 @@ def first_difference(class_ids: list[int], probabilities: np.ndarray, smoke: Smo
     return None
 
 
-def lineage(config: PipelineConfig, run_dir: Path, run_id: str) -> dict[str, Any]:
-    def read(path: Path) -> dict[str, Any]:
-        return json.loads(path.read_text()) if path.is_file() else {}
+def lineage(config: PipelineConfig, run_dir: Path, run_id: str) -> VersionRecord:
+    """The published version's `trainyard.json`, from the run files (each may be missing for a model exported by
+    hand; one that is there and not what its stage writes is bad input)."""
+    def present(artifact: layout.Artifact, model: type[M], writer: str) -> M | None:
+        return artifacts.read_if_present(run_dir, artifact, model, writer, "deploy")
 
-    prepared = read(run_dir / layout.PREPARED_MANIFEST)
-    metrics = read(run_dir / layout.METRICS)
-    inputs = read(run_dir / layout.INPUTS_MANIFEST)
-    label = read(run_dir / layout.MODEL_SCHEMA).get("label") or {}
-    training = (artifacts.read(run_dir, layout.TRAINING_RECORD, TrainingRecord, "train", "deploy")
-                if (run_dir / layout.TRAINING_RECORD).is_file() else None)  # a model exported by hand has none
-    return {
-        "pipeline": config.name, "run_id": run_id, "run_dir": run_dir.name,
-        "config_sha256": prepared.get("config_sha256"), "data_sha256": prepared.get("inputs", {}).get("sha256"),
-        "data_window_end": inputs.get("window_end"), "trigger": inputs.get("trigger"),
-        "training": training.model_dump() if training is not None else {},
-        "metrics": metrics.get("challenger", {}), "eval_rows": metrics.get("eval_rows"),
-        "classes": [str(c) for c in label.get("classes") or []] or None,  # the probabilities' column order
-        "tensorflow": tf.__version__,
-        "images": {"prep": config.prep.image, "trainer": config.training.image},
-    }
+    prepared = present(layout.PREPARED_MANIFEST, PreparedManifest, "prepare_data")
+    metrics = present(layout.METRICS, EvalMetrics, "evaluate")
+    inputs = present(layout.INPUTS_MANIFEST, InputsManifest, "validate_data")
+    training = present(layout.TRAINING_RECORD, TrainingRecord, "train")
+    schema_path = run_dir / layout.MODEL_SCHEMA
+    label = (json.loads(schema_path.read_text()).get("label") or {}) if schema_path.is_file() else {}
+    return VersionRecord(
+        pipeline=config.name, run_id=run_id, run_dir=run_dir.name,
+        config_sha256=prepared.config_sha256 if prepared else None,
+        data_sha256=prepared.inputs.sha256 if prepared else None,
+        data_window_end=inputs.window_end if inputs else None, trigger=inputs.trigger if inputs else None,
+        training=training.model_dump() if training is not None else {},
+        metrics=metrics.challenger if metrics else {}, eval_rows=metrics.eval_rows if metrics else None,
+        classes=[str(c) for c in label.get("classes") or []] or None,  # the probabilities' column order
+        tensorflow=tf.__version__,
+        images={"prep": config.prep.runtime.image, "trainer": config.training.runtime.image},
+    )
 
 
 def refusal(run_dir: Path) -> str | None:
@@ -221,21 +234,29 @@ def refusal(run_dir: Path) -> str | None:
             "was published; trigger a new run with force_deploy to publish regardless")
 
 
-def already_deployed(journal: dict[str, Any], model_dir: Path) -> bool:
+def already_deployed(journal: DeployJournal | None, model_dir: Path) -> bool:
     """An earlier attempt of this run published a version that is still there and was verified (the marker is
     gone once it is): a retry must not publish the model again."""
-    version = journal.get("version")
-    if journal.get("state") not in ("published", "verified") or not isinstance(version, int):
+    if journal is None or journal.state not in ("published", "verified") or journal.version is None:
         return False
+    version = journal.version
     return (model_dir / str(version)).is_dir() and not (model_dir / f"{UNVERIFIED_PREFIX}{version}").exists()
 
 
-def read_journal(path: Path) -> dict[str, Any]:
+def read_journal(path: Path) -> DeployJournal | None:
+    """An earlier attempt's journal; None when there is none or it is unreadable (a retry then publishes afresh:
+    `settle_unverified` adopts a version the earlier attempt left unverified)."""
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+        return DeployJournal.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError):
+        return None
+
+
+def record(path: Path, **fields: Any) -> dict[str, Any]:
+    """Write the journal (temp, then rename) and return what it says."""
+    journal = DeployJournal(**fields)
+    artifacts.write(path, journal)
+    return journal.model_dump(exclude_unset=True)
 
 
 def deploy(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str, endpoint: str) -> dict[str, Any]:
@@ -251,24 +272,25 @@ def deploy(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str, end
     earlier = read_journal(journal_path)
     if already_deployed(earlier, model_dir):
         log.info("an earlier attempt of this run already deployed %s version %d: nothing to do", name,
-                 earlier["version"])
-        return {**earlier, "state": "verified", "deployed": True, "by_earlier_attempt": True}
+                 earlier.version)
+        return {**earlier.model_dump(exclude_unset=True), "state": "verified", "deployed": True,
+                "by_earlier_attempt": True}
     smoke = artifacts.read(run_dir, layout.SMOKE_SET, SmokeSet, "evaluate", "deploy")
     channel = grpc.insecure_channel(endpoint)
     try:
         check_same_volume(model_service_pb2_grpc.ModelServiceStub(channel), name, None, model_dir, endpoint, 0.0)
     except DeployFailed as exc:
         channel.close()
-        write_json(journal_path, {"state": "refused", "deployed": False, "published": False, "reason": str(exc)})
+        record(journal_path, state="refused", deployed=False, published=False, reason=str(exc))
         raise
     publication, _ = settle_unverified(model_dir, adopt_run_dir=str(run_dir))
     if publication is None:
-        write_json(journal_path, {"state": "publishing", "deployed": False, "published": False, "model": name})
+        record(journal_path, state="publishing", deployed=False, published=False, model=name)
         publication = publish_unverified(model_dir, run_dir / layout.SAVED_MODEL, lineage(config, run_dir, run_id),
                                          owner={"run_dir": str(run_dir), "run_id": run_id})
     version = publication.version
-    write_json(journal_path, {"state": "published", "deployed": False, "published": True, "verified": False,
-                              "model": name, "version": version})
+    record(journal_path, state="published", deployed=False, published=True, verified=False, model=name,
+           version=version)
     try:
         waited = wait_available(channel, name, version, AVAILABLE_TIMEOUT_SECONDS, model_dir, endpoint)
         log.info("%s version %d is AVAILABLE after %.1f s", name, version, waited)
@@ -276,8 +298,8 @@ def deploy(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str, end
         log.info("smoke test passed on %d examples", checked)
     except DeployFailed as exc:
         publication.withdraw()
-        write_json(journal_path, {"state": "rolled_back", "deployed": False, "published": True, "model": name,
-                                  "version": version, "rolled_back": True, "reason": str(exc)})
+        record(journal_path, state="rolled_back", deployed=False, published=True, model=name, version=version,
+               rolled_back=True, reason=str(exc))
         raise
     except BaseException as exc:  # Ctrl-C, SIGTERM, or a bug: an unverified version must not stay served
         withdraw_interrupted(publication, journal_path, name, exc)
@@ -285,11 +307,9 @@ def deploy(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str, end
     finally:
         channel.close()
     publication.verified()
-    result = {"state": "verified", "deployed": True, "published": True, "verified": True, "model": name,
-              "version": version, "endpoint": endpoint, "available_after_seconds": round(waited, 2),
-              "smoke_examples": checked}
-    write_json(journal_path, result)
-    return result
+    return record(journal_path, state="verified", deployed=True, published=True, verified=True, model=name,
+                  version=version, endpoint=endpoint, available_after_seconds=round(waited, 2),
+                  smoke_examples=checked)
 
 
 def withdraw_interrupted(publication: Publication, journal_path: Path, name: str, exc: BaseException) -> None:
@@ -298,12 +318,11 @@ def withdraw_interrupted(publication: Publication, journal_path: Path, name: str
     the removal)."""
     how = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else ("a stop signal" if isinstance(exc, SystemExit)
                                                                 else f"{type(exc).__name__}: {exc}")
-    record = {"state": "interrupted", "deployed": False, "published": True, "verified": False, "model": name,
-              "version": publication.version,
-              "reason": f"interrupted by {how} after version {publication.version} was published, before it was "
-                        "verified"}
-    write_json(journal_path, {**record, "rolled_back": False})
+    reason = f"interrupted by {how} after version {publication.version} was published, before it was verified"
+    state = {"state": "interrupted", "deployed": False, "published": True, "verified": False, "model": name,
+             "version": publication.version}
+    record(journal_path, **state, rolled_back=False, reason=reason)
     removed = publication.withdraw()
-    write_json(journal_path, {**record, "rolled_back": removed,
-                              "reason": record["reason"] + ("; the version was removed again" if removed else "")})
-    log.warning("deploy %s; %s", record["reason"], "version removed" if removed else "version already gone")
+    record(journal_path, **state, rolled_back=removed,
+           reason=reason + ("; the version was removed again" if removed else ""))
+    log.warning("deploy %s; %s", reason, "version removed" if removed else "version already gone")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainyard_contract import layout
+from trainyard_contract.artifacts import VersionRecord
 from trainyard_contract.atomic import fsync_dir, fsync_tree, write_bytes, write_json
 from trainyard_contract.layout import published_versions
 from trainyard_contract.runtime import StageError, log
@@ -138,7 +139,7 @@ def hold_marker(marker: Path, owner: dict[str, Any]) -> IO[str]:
     return handle
 
 
-def publish_unverified(model_dir: Path, saved_model: Path, metadata: dict[str, Any],
+def publish_unverified(model_dir: Path, saved_model: Path, metadata: VersionRecord,
                        owner: dict[str, Any] | None = None) -> Publication:
     """Publish `saved_model` as the next version and return it unverified (its marker held by this process).
 
@@ -156,8 +157,9 @@ def publish_unverified(model_dir: Path, saved_model: Path, metadata: dict[str, A
         try:
             copy_read_only(saved_model, staging)
             metadata_path = staging / layout.VERSION_METADATA
-            write_json(metadata_path, {**metadata, "version": version, "published_by": "copy",
-                                       "published_at": dt.datetime.now(dt.UTC).isoformat()})
+            record = metadata.model_copy(update={"version": version, "published_by": "copy",
+                                                 "published_at": dt.datetime.now(dt.UTC).isoformat()})
+            write_json(metadata_path, record.model_dump())
             os.chmod(metadata_path, READ_ONLY)
             fsync_tree(staging)
             write_bytes(model_dir / LAST_VERSION_FILE, f"{version}\n".encode())
@@ -177,7 +179,7 @@ def publish_unverified(model_dir: Path, saved_model: Path, metadata: dict[str, A
     return Publication(model_dir, version, marker, handle)
 
 
-def publish(model_dir: Path, saved_model: Path, metadata: dict[str, Any]) -> int:
+def publish(model_dir: Path, saved_model: Path, metadata: VersionRecord) -> int:
     """Publish and trust at once (no verification step): for tools and tests that verify by other means."""
     return publish_unverified(model_dir, saved_model, metadata).verified()
 

@@ -141,17 +141,16 @@ def run_evaluate(args: argparse.Namespace, config: PipelineConfig) -> dict[str, 
 
 def run_decide(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
     from trainyard_contract import artifacts
-    from trainyard_contract.artifacts import Decision
+    from trainyard_contract.artifacts import Decision, EvalMetrics, InputsManifest
     from trainyard_contract.atomic import write_bytes
     from trainyard_trainer.decide import decide
     from trainyard_trainer.report import render_report
 
-    metrics_path = args.run_dir / layout.METRICS
-    if not metrics_path.is_file():
-        raise StageError(f"{metrics_path} is missing: evaluate must run before decide")
-    inputs_path = args.run_dir / layout.INPUTS_MANIFEST
-    window_end = json.loads(inputs_path.read_text()).get("window_end") if inputs_path.is_file() else None
-    metrics = json.loads(metrics_path.read_text())
+    evaluated = artifacts.read(args.run_dir, layout.METRICS, EvalMetrics, "evaluate", "decide")
+    metrics = evaluated.model_dump(exclude_unset=True)  # the file as evaluate wrote it
+    inputs = artifacts.read_if_present(args.run_dir, layout.INPUTS_MANIFEST, InputsManifest, "validate_data",
+                                       "decide")
+    window_end = inputs.window_end if inputs is not None else None
     decision = Decision(**decide(config, metrics, args.force, window_end))
     artifacts.write(args.run_dir / layout.DECISION, decision)
     # the report now says what was done with the model, and why

@@ -4,12 +4,15 @@ anyway; decide must not)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from trainyard_contract import layout
+from pydantic import ValidationError
+
+from trainyard_contract import artifacts, layout
+from trainyard_contract.artifacts import PreparedManifest, VersionRecord
 from trainyard_contract.layout import published_versions
+from trainyard_contract.runtime import log
 
 
 def champion(models_dir: Path) -> dict[str, Any] | None:
@@ -19,17 +22,25 @@ def champion(models_dir: Path) -> dict[str, Any] | None:
     if not published:
         return None
     version = published[-1]
-    meta_path = models_dir / str(version) / layout.VERSION_METADATA
-    try:
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    except (OSError, json.JSONDecodeError):
-        meta = {}
-    meta = meta if isinstance(meta, dict) else {}
-    return {"version": version, "path": str(models_dir / str(version)), "run_id": meta.get("run_id"),
-            "data_window_end": meta.get("data_window_end"), "data_sha256": meta.get("data_sha256"),
-            "config_sha256": meta.get("config_sha256"), "classes": meta.get("classes"),
-            "published_metrics": meta.get("metrics", {}), "metrics": {}, "rows": 0, "scored": False,
+    meta = published_record(models_dir / str(version) / layout.VERSION_METADATA)
+    return {"version": version, "path": str(models_dir / str(version)), "run_id": meta.run_id,
+            "data_window_end": meta.data_window_end, "data_sha256": meta.data_sha256,
+            "config_sha256": meta.config_sha256, "classes": meta.classes,
+            "published_metrics": dict(meta.metrics), "metrics": {}, "rows": 0, "scored": False,
             "why_not_scored": None}
+
+
+def published_record(path: Path) -> VersionRecord:
+    """A published version's lineage; an empty record (nothing known) when the file is missing or unreadable, as
+    for a version copied in by hand: the version is still the champion, it is just never "the same data"."""
+    try:
+        return VersionRecord.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return VersionRecord()
+    except (OSError, ValidationError) as exc:
+        log.warning("%s is unreadable (%s): the champion's lineage is treated as unknown", path,
+                    str(exc).splitlines()[0])
+        return VersionRecord()
 
 
 def nothing_new(run_dir: Path, models_dir: Path) -> str | None:
@@ -37,11 +48,11 @@ def nothing_new(run_dir: Path, models_dir: Path) -> str | None:
     prepare's manifest) are the ones the served champion was trained on, so a retrain could only differ by seed
     noise. A hash missing on either side never counts as equal."""
     served = champion(models_dir)
-    manifest_path = run_dir / layout.PREPARED_MANIFEST
-    if served is None or not manifest_path.is_file():
+    manifest = artifacts.read_if_present(run_dir, layout.PREPARED_MANIFEST, PreparedManifest, "prepare_data",
+                                         "train")
+    if served is None or manifest is None:
         return None
-    manifest = json.loads(manifest_path.read_text())
-    data, config = manifest.get("inputs", {}).get("sha256"), manifest.get("config_sha256")
+    data, config = manifest.inputs.sha256, manifest.config_sha256
     if not data or not config or (data, config) != (served["data_sha256"], served["config_sha256"]):
         return None
     return (f"nothing new: the pinned inputs (sha256 {data[:12]}) and the config (sha256 {config[:12]}) are those "

@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from trainyard_contract import artifacts, layout
-from trainyard_contract.artifacts import SmokeSet
-from trainyard_contract.atomic import staged_dir, write_json
+from trainyard_contract.artifacts import EvalMetrics, SmokeSet
+from trainyard_contract.atomic import staged_dir
 from trainyard_contract.metrics import higher_is_better
 from trainyard_contract.runtime import StageError
 from trainyard_contract.schema import PipelineConfig
@@ -319,7 +319,7 @@ def evaluate(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str) -
         smoke["predictions"] = predictions[:take].astype(float).tolist()
     payload["training_curve"] = training_curve(run_dir / layout.TENSORBOARD_TRAIN)
     with staged_dir(run_dir / layout.EVAL) as out:
-        write_json(out / layout.METRICS.name, payload)
+        artifacts.write(out / layout.METRICS.name, EvalMetrics(**payload))
         artifacts.write(out / layout.SMOKE_SET.name, SmokeSet(**smoke))
         (out / layout.REPORT.name).write_text(render_report(config, payload))
     return payload

@@ -32,7 +32,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not paths:
         print("trainyard check: no pipeline configs (*.yaml) found", file=sys.stderr)
         return EXIT_FAILED
-    configs, errors = check_folder(paths)
+    notices: list[str] = []
+    configs, errors = check_folder(paths, notices)
+    for line in notices:  # old spellings still read: a warning, not an error
+        print(f"warning: {line}", file=sys.stderr)
     from trainyard.scaffold import installed_models_dir, model_module_problem, pairing_problems
 
     by_name = {path.stem: path for path in paths}
