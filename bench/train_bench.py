@@ -267,7 +267,7 @@ def job(volume: Path, config, run_id: str, kill_worker_at: str | None = None) ->
     from trainyard.training_job import launch_training
 
     prepared_run(volume, config, run_id)
-    launcher = LocalLauncher(volume)
+    launcher = LocalLauncher(config, volume)
 
     def kill() -> None:
         with launcher._lock:

@@ -108,7 +108,6 @@ class StageOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any] | None:
         from trainyard.backends.base import StageFailed
-        from trainyard.podspec import build_stage_pod
         from trainyard.stages import stage_container
 
         config = apply_overrides(self.config, context["params"])
@@ -117,9 +116,9 @@ class StageOperator(BaseOperator):
         extra = self.stage.flags(context["params"])
         if self.stage.needs_serving:
             extra += ("--endpoint", self.ensure_serving(launcher, config))
-        pod = build_stage_pod(config, run, stage_container(config, run, self.stage, extra, group=self.group))
+        spec = stage_container(config, run, self.stage, extra, group=self.group)
         try:
-            result = launcher.run_pod(pod, self.log, context)
+            result = launcher.run_stage(run, spec, self.log, context)
         except StageFailed as exc:
             fail(context, exc, self.stage)
         except KeyboardInterrupt as exc:

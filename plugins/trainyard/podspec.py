@@ -179,12 +179,20 @@ def build_pod(
     )
 
 
-def build_stage_pod(config: PipelineConfig, run: RunContext, spec: ContainerSpec) -> k8s.V1Pod:
-    """The pod of a single-container CPU stage (validate, prepare, evaluate); a mapped task's file group (its
-    `trainyard/index` label) is in its name too."""
+def stage_pod_name(config: PipelineConfig, run: RunContext, spec: ContainerSpec) -> str:
+    """A one-pod stage's name (a pod's, or a local process's): a mapped task's file group is in it too."""
     group = f"-g{spec.index}" if spec.index is not None else ""
-    name = dns_label(f"{config.name}-{spec.stage}{group}-{run.key}")
-    return build_pod(config, run, spec, name=name)
+    return dns_label(f"{config.name}-{spec.stage}{group}-{run.key}")
+
+
+def replica_name(job: str, spec: ContainerSpec) -> str:
+    """A training replica's name, `<job>-<role>-<i>`: its pod, hostname and (locally) its log file."""
+    return f"{job}-{spec.role}-{spec.index}"
+
+
+def build_stage_pod(config: PipelineConfig, run: RunContext, spec: ContainerSpec) -> k8s.V1Pod:
+    """The pod of a single-container CPU stage (validate, prepare, evaluate)."""
+    return build_pod(config, run, spec, name=stage_pod_name(config, run, spec))
 
 
 def gpu_tier(config: PipelineConfig) -> GpuTier | None:
@@ -223,7 +231,7 @@ def build_job_pods(config: PipelineConfig, run: RunContext, specs: list[Containe
     tier = gpu_tier(config)
     pods = []
     for spec in specs:
-        name = f"{job}-{spec.role}-{spec.index}"
+        name = replica_name(job, spec)
         on_gpu = spec.role == "worker" and spec.resources.gpu > 0
         pods.append(build_pod(config, run, spec, name=name,
                               node_selector=worker_node_selector(config) if on_gpu else None,

@@ -9,10 +9,8 @@ import logging
 from typing import Any
 
 from trainyard.backends.base import Launcher
-from trainyard.podspec import build_headless_service, build_job_pods, build_stage_pod
 from trainyard.registry import Stage
 from trainyard.stages import RunContext, stage_container, train_containers, train_replicas
-from trainyard_contract import layout
 from trainyard_contract.schema import PipelineConfig
 
 
@@ -21,16 +19,13 @@ def launch_training(config: PipelineConfig, run: RunContext, stage: Stage, launc
     """The job stage `stage` of `run`: its one-pod check, then every replica until the chief ends. A check that
     answers `skipped` (nothing new since the served model) ends it there: its result is returned, no replica
     starts."""
-    run_layout = run.layout(config.kubernetes.volume.mount_path)
     if stage.kind.check_step is not None:
         check = stage_container(config, run, stage, check_args, check=True)
-        checked = launcher.run_pod(build_stage_pod(config, run, check), log, context)
+        checked = launcher.run_stage(run, check, log, context)
         if checked is not None and checked.get("skipped"):
             log.info("no training job: %s", checked["skipped"])
             return checked
     job = run.job_name
     cluster = launcher.cluster_hosts(job, config.kubernetes.namespace, config.training.port, train_replicas(config))
     log.info("training job %s: cluster %s", job, cluster)
-    pods = build_job_pods(config, run, train_containers(config, run, stage, cluster), job)
-    return launcher.run_job(pods, log, config.training.restart_budget, str(run_layout.path(layout.CLUSTER_LOGS)),
-                            service=build_headless_service(config, run, stage, job))
+    return launcher.run_job(run, stage, train_containers(config, run, stage, cluster), log)

@@ -80,7 +80,7 @@ def run_job(config, run_id: str, idle: bool = False):  # noqa: ANN001, ANN201
     pods, service, labels = job_objects(config, run_id, idle)
     started = time.monotonic()
     with pytest.raises(StageFailed) as info:
-        KubernetesLauncher(config).run_job(pods, LOG, 1, "/data/x", service=service)
+        KubernetesLauncher(config).run_pods(pods, LOG, 1, service=service)
     return str(info.value), time.monotonic() - started, labels
 
 

@@ -73,7 +73,7 @@ def kill_replica(launcher: LocalLauncher, role: str) -> None:
 
 def run_job(config: PipelineConfig, volume: Path, run_id: str, watch: Watch | None = None,
             launcher: LocalLauncher | None = None) -> dict:
-    launcher = launcher or LocalLauncher(volume)
+    launcher = launcher or LocalLauncher(config, volume)
     log = logging.getLogger(f"test.{run_id}")
     log.setLevel(logging.INFO)
     if watch:
@@ -162,7 +162,7 @@ def test_a_failed_loss_copy_is_tried_again_then_reported(caplog: pytest.LogCaptu
 def test_a_killed_worker_is_restarted_and_the_run_finishes(pipelines_dir: Path, prepared_volume: Path) -> None:
     config = config_with(pipelines_dir, steps=1500, checkpoint_every_steps=100, restart_budget=2)
     run_dir = prepare_run(prepared_volume, config, "worker-kill")
-    launcher = LocalLauncher(prepared_volume)
+    launcher = LocalLauncher(config, prepared_volume)
     watch = Watch("step 200 ", lambda: kill_replica(launcher, "worker"))
     result = run_job(config, prepared_volume, "worker-kill", watch, launcher)
     assert watch.fired.is_set()
@@ -173,7 +173,7 @@ def test_a_killed_worker_is_restarted_and_the_run_finishes(pipelines_dir: Path, 
 def test_a_killed_ps_fails_the_attempt_and_the_retry_resumes(pipelines_dir: Path, prepared_volume: Path) -> None:
     config = config_with(pipelines_dir, steps=1500, checkpoint_every_steps=100)
     run_dir = prepare_run(prepared_volume, config, "ps-kill")
-    launcher = LocalLauncher(prepared_volume)
+    launcher = LocalLauncher(config, prepared_volume)
     watch = Watch("step 200 ", lambda: kill_replica(launcher, "ps"))
     started = time.monotonic()
     with pytest.raises(StageFailed, match="ps-0 was killed by signal 9 \\(a parameter server cannot be replaced\\)"):
@@ -190,7 +190,7 @@ def test_a_killed_ps_fails_the_attempt_and_the_retry_resumes(pipelines_dir: Path
 def test_a_killed_chief_fails_the_attempt_and_the_retry_resumes(pipelines_dir: Path, prepared_volume: Path) -> None:
     config = config_with(pipelines_dir, steps=1500, checkpoint_every_steps=100)
     run_dir = prepare_run(prepared_volume, config, "chief-kill")
-    launcher = LocalLauncher(prepared_volume)
+    launcher = LocalLauncher(config, prepared_volume)
     watch = Watch("step 200 ", lambda: kill_replica(launcher, "chief"))
     with pytest.raises(StageFailed, match="chief was killed by signal 9"):
         run_job(config, prepared_volume, "chief-kill", watch, launcher)

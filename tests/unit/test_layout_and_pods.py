@@ -126,10 +126,10 @@ def test_an_images_environment_reaches_its_pods_on_both_backends(pipelines_dir: 
 
     config = load_pipeline_file(pipelines_dir / "digits.yaml")
     for stage in ("validate", "prepare", "pin", "merge"):
-        pod = build_stage_pod(config, RUN, stage_container(config, RUN, stage_named(stage)))
-        (container,) = pod.spec.containers
+        spec = stage_container(config, RUN, stage_named(stage))
+        (container,) = build_stage_pod(config, RUN, spec).spec.containers
         env = {var.name: var.value for var in container.env}
         assert env["MALLOC_MMAP_THRESHOLD_"] == env["MALLOC_TRIM_THRESHOLD_"] == "4294967296", stage
-        assert _env_for(container, PathMapper({}))["MALLOC_TRIM_THRESHOLD_"] == "4294967296"
+        assert _env_for(spec, PathMapper({}))["MALLOC_TRIM_THRESHOLD_"] == "4294967296"
     for stage in ("train", "evaluate", "deploy"):
         assert "MALLOC_TRIM_THRESHOLD_" not in stage_container(config, RUN, stage_named(stage)).env, stage

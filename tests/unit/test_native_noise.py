@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-from kubernetes.client import models as k8s
 
 from trainyard.backends.local import LocalLauncher
 from trainyard.native_noise import is_native_noise
+from trainyard.stages import ContainerSpec, RunContext
+from trainyard_contract.schema import PipelineConfig, Resources
 
 # Seen verbatim in every TensorFlow 2.21 process on a machine without GPUs (CI logs of the training job)
 CHATTER = [
@@ -52,11 +53,13 @@ def test_the_local_backend_streams_a_stage_without_the_chatter(tmp_path: Path, c
     script = "import sys\n" + "".join(f"print({line!r}, file=sys.stderr)\n" for line in CHATTER + KEPT[:1])
     (package / "__main__.py").write_text(script)
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    pod = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="chatty", labels={"trainyard/stage": "chatty"}),
-                    spec=k8s.V1PodSpec(containers=[k8s.V1Container(
-                        name="main", image="trainyard/chatty:1", command=["python", "-m", "chatty_stage"])]))
+    spec = ContainerSpec(stage="chatty", role="main", image="trainyard/chatty:1",
+                         command=["python", "-m", "chatty_stage"], args=[], env={}, resources=Resources())
+    config = PipelineConfig.model_validate({"name": "chatty", "data": {
+        "source": "d", "label": {"name": "y", "classes": [0, 1]}, "features": [{"name": "a"}]}})
     log = logging.getLogger("test.chatty")
+    launcher = LocalLauncher(config, tmp_path / "volume", images={"trainyard/chatty": "chatty_stage"})
     with caplog.at_level(logging.INFO, logger=log.name):
-        LocalLauncher(tmp_path / "volume", images={"trainyard/chatty": "chatty_stage"}).run_pod(pod, log)
+        launcher.run_stage(RunContext(pipeline="chatty", run_id="r"), spec, log)
     streamed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[chatty] ")]
     assert streamed == [f"[chatty] {KEPT[0]}"]

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def _local(config: PipelineConfig, images: Mapping[str, str] | None) -> Launcher:
     from trainyard.backends.local import LocalLauncher
 
-    return LocalLauncher(images=images)
+    return LocalLauncher(config, images=images)
 
 
 def _kubernetes(config: PipelineConfig, images: Mapping[str, str] | None) -> Launcher:

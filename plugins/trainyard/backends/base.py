@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
-
-from kubernetes.client import models as k8s
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainyard.cluster_spec import Replicas
 from trainyard_contract.runtime import is_retryable_exit
 from trainyard_contract.schema import PipelineConfig
+
+if TYPE_CHECKING:
+    from trainyard.registry import Stage
+    from trainyard.stages import ContainerSpec, RunContext
 
 
 class StageFailed(Exception):
@@ -46,10 +48,15 @@ class StageFailed(Exception):
 
 
 class Launcher(Protocol):
-    """What a backend does for the operators; `launcher_for` returns one (local processes or Kubernetes pods)."""
+    """What a backend does for the operators; `launcher_for` returns one (local processes or Kubernetes pods).
 
-    def run_pod(self, pod: k8s.V1Pod, log: logging.Logger, context: Any = None) -> dict[str, Any] | None:
-        """Run one pod to completion, streaming its output to `log`; return its result (XCom) or None.
+    The seam takes what a stage is (`ContainerSpec`s of a `RunContext`, from `trainyard.stages`), never a
+    backend's own objects: each backend builds what it runs from them (the Kubernetes one its pods and the
+    job's headless Service through `podspec`, the local one its processes)."""
+
+    def run_stage(self, run: RunContext, spec: ContainerSpec, log: logging.Logger,
+                  context: Any = None) -> dict[str, Any] | None:
+        """Run one stage container to completion, streaming its output to `log`; return its result (XCom) or None.
 
         `context` is the Airflow task context (the Kubernetes backend runs KubernetesPodOperator in it)."""
         ...
@@ -63,10 +70,11 @@ class Launcher(Protocol):
         """The address of every replica of a training job, by role (DNS names or local ports)."""
         ...
 
-    def run_job(self, pods: list[k8s.V1Pod], log: logging.Logger, restart_budget: int,
-                logs_dir: str, service: k8s.V1Service | None = None) -> dict[str, Any] | None:
-        """Run a training job (its headless `service` first, where DNS needs one) until its chief ends; stop and
-        reap every replica; return the chief's result."""
+    def run_job(self, run: RunContext, stage: Stage, specs: list[ContainerSpec],
+                log: logging.Logger) -> dict[str, Any] | None:
+        """Run the training job of `stage` (one container per replica, named after `run.job_name`) until its
+        chief ends, restarting workers within `training.restart_budget`; stop and reap every replica; return the
+        chief's result."""
         ...
 
     def cleanup_job(self, selector: dict[str, str], service: str, log: logging.Logger) -> int:

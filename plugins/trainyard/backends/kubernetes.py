@@ -27,6 +27,9 @@ from trainyard.backends.kubernetes_lease import sweep_expired_jobs
 from trainyard.backends.kubernetes_serving import apply_serving_objects
 from trainyard.backends.kubernetes_stage import build_pod_operator
 from trainyard.cluster_spec import Replicas, kubernetes_hosts
+from trainyard.podspec import build_headless_service, build_job_pods, build_stage_pod
+from trainyard.registry import Stage
+from trainyard.stages import ContainerSpec, RunContext
 from trainyard_contract.schema import PipelineConfig
 
 POLL_SECONDS = 2.0
@@ -62,6 +65,11 @@ class KubernetesLauncher:
         self._lock = threading.Lock()
         self._operator: Any = None
         self._job: KubernetesJob | None = None
+
+    def run_stage(self, run: RunContext, spec: ContainerSpec, log: logging.Logger,
+                  context: Any = None) -> dict[str, Any] | None:
+        """The stage's pod (podspec.build_stage_pod), run by `run_pod`."""
+        return self.run_pod(build_stage_pod(self.config, run, spec), log, context)
 
     def run_pod(self, pod: k8s.V1Pod, log: logging.Logger, context: Any = None) -> dict[str, Any] | None:
         """Run one stage pod through KubernetesPodOperator inside the current task; return its result line."""
@@ -113,12 +121,17 @@ class KubernetesLauncher:
         """`<job>-<role>-<i>.<job>.<namespace>.svc:<port>`, resolved through the job's headless Service."""
         return kubernetes_hosts(job, namespace, port, replicas)
 
-    def run_job(self, pods: list[k8s.V1Pod], log: logging.Logger, restart_budget: int, logs_dir: str,
-                service: k8s.V1Service | None = None) -> dict[str, Any] | None:
-        """Run the training job's pods (and headless Service) until the chief ends; always tear them down.
+    def run_job(self, run: RunContext, stage: Stage, specs: list[ContainerSpec],
+                log: logging.Logger) -> dict[str, Any] | None:
+        """The job's replica pods and its headless Service (podspec), run by `run_pods`. Replica logs are read
+        through the API into the task log."""
+        job = run.job_name
+        return self.run_pods(build_job_pods(self.config, run, specs, job), log, self.config.training.restart_budget,
+                             service=build_headless_service(self.config, run, stage, job))
 
-        Replica logs are read through the API into the task log (`logs_dir` is a volume path the Airflow worker
-        does not mount; the chief writes its own TensorBoard logs there)."""
+    def run_pods(self, pods: list[k8s.V1Pod], log: logging.Logger, restart_budget: int,
+                 service: k8s.V1Service | None = None) -> dict[str, Any] | None:
+        """Run a training job's pods (and headless Service) until the chief ends; always tear them down."""
         # the labels every replica carries (a single pod's labels would also hold its role and index)
         common = set.intersection(*(set(pod.metadata.labels.items()) for pod in pods))
         selector = service.spec.selector if service is not None else dict(common)

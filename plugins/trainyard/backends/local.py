@@ -1,12 +1,13 @@
-"""The local backend: runs a stage's V1Pod as a local process over a local folder standing in for the volume.
+"""The local backend: runs a stage's container as a local process over a local folder standing in for the volume.
 
-What maps, explicitly: the image's `python -m <module>` becomes this venv's interpreter (images.py); the shared
-volume's mount path becomes `TRAINYARD_DATA_DIR`; the pod's `/airflow/xcom` and scratch emptyDirs become temporary
-folders under `$TMPDIR/trainyard-work-<uid>/`, named after the process that owns them, so a `trainyard run` killed
-with SIGKILL (which cannot clean up) leaves nothing for long: the next one removes folders whose owner is gone. Env
-values come from the pod (Secret references are read from the same-named local variable, since a
-laptop has no Secrets). The output streams into the task log line by line, and the return.json the process wrote
-is the task's XCom, as with KubernetesPodOperator.
+It takes the same `ContainerSpec` the Kubernetes backend builds its pods from, and maps it explicitly: the image's
+`python -m <module>` becomes this venv's interpreter (images.py); the shared volume's mount path
+(`kubernetes.volume.mount_path`) becomes `TRAINYARD_DATA_DIR`; the `/airflow/xcom` and scratch folders a pod gets
+as emptyDirs become temporary folders under `$TMPDIR/trainyard-work-<uid>/`, named after the process that owns
+them, so a `trainyard run` killed with SIGKILL (which cannot clean up) leaves nothing for long: the next one
+removes folders whose owner is gone. Env values come from the container spec (a `kubernetes.secrets` variable is
+read from the same-named local variable, since a laptop has no Secrets). The output streams into the task log
+line by line, and the return.json the process wrote is the task's XCom, as with KubernetesPodOperator.
 """
 
 from __future__ import annotations
@@ -26,17 +27,18 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from kubernetes.client import models as k8s
-
 from trainyard import settings
 from trainyard.backends.base import StageFailed
 from trainyard.cluster_spec import ROLES, Replicas, local_hosts
 from trainyard.images import local_command
 from trainyard.local_run import alive
 from trainyard.native_noise import is_native_noise
-from trainyard.podspec import SCRATCH_NAME, VOLUME_NAME
+from trainyard.podspec import SCRATCH_PATH, replica_name, stage_pod_name
+from trainyard.registry import Stage
 from trainyard.registry import images as registry_images
 from trainyard.replica_policy import Action, on_replica_exit
+from trainyard.stages import ContainerSpec, RunContext
+from trainyard_contract import layout
 from trainyard_contract.runtime import XCOM_DIR, XCOM_RETURN, CauseTracker, failure_cause
 from trainyard_contract.schema import PipelineConfig
 
@@ -89,13 +91,11 @@ class PathMapper:
         return value
 
 
-def _env_for(container: k8s.V1Container, mapper: PathMapper) -> dict[str, str]:
+def _env_for(spec: ContainerSpec, mapper: PathMapper) -> dict[str, str]:
+    """This process's environment with the container's over it (paths mapped). A `kubernetes.secrets` variable
+    is whatever the same-named local variable holds, or unset: a laptop has no Secrets."""
     env = dict(os.environ)
-    for var in container.env or []:
-        if var.value is not None:
-            env[var.name] = mapper(var.value)
-        elif var.value_from is not None and var.name not in os.environ:
-            env.pop(var.name, None)  # a Secret reference with no local stand-in: leave it unset
+    env.update((name, mapper(value)) for name, value in spec.env.items())
     return env
 
 
@@ -113,28 +113,22 @@ def die_with_parent() -> None:
 class LocalProcess:
     """One running pod-as-process: started in its own session so it can be stopped with all its children."""
 
-    def __init__(self, pod: k8s.V1Pod, data_dir: Path, work_dir: Path, images: Mapping[str, str]):
-        container = pod.spec.containers[0]
-        self.name = pod.metadata.name
-        self.role = (pod.metadata.labels or {}).get("trainyard/role", "main")
-        mounts: dict[str, Path] = {XCOM_DIR: work_dir / "xcom"}
-        volumes = {v.name: v for v in pod.spec.volumes or []}
-        for mount in container.volume_mounts or []:
-            if mount.name == VOLUME_NAME:
-                mounts[mount.mount_path] = data_dir
-            elif mount.name == SCRATCH_NAME:
-                mounts[mount.mount_path] = work_dir / "scratch"
-            elif mount.name in volumes and volumes[mount.name].empty_dir is not None:
-                mounts.setdefault(mount.mount_path, work_dir / mount.name)
+    def __init__(self, name: str, spec: ContainerSpec, volume: tuple[str, Path], work_dir: Path,
+                 images: Mapping[str, str]):
+        """`volume`: the shared volume's mount path in the container, and the local folder that stands for it."""
+        self.name = name
+        self.role = spec.role
+        self.stage = spec.stage
+        mount_path, data_dir = volume
+        mounts: dict[str, Path] = {XCOM_DIR: work_dir / "xcom", SCRATCH_PATH: work_dir / "scratch",
+                                   mount_path: data_dir}
         for local in mounts.values():
             local.mkdir(parents=True, exist_ok=True)
         mapper = PathMapper(mounts)
         self.map_path = mapper
         self.xcom_file = Path(mapper(XCOM_RETURN))
-        self.argv = local_command(container.image, list(container.command or []), images) + [
-            mapper(a) for a in container.args or []
-        ]
-        self.env = _env_for(container, mapper)
+        self.argv = local_command(spec.image, list(spec.command), images) + [mapper(a) for a in spec.args]
+        self.env = _env_for(spec, mapper)
         self.env["TMPDIR"] = str(work_dir / "scratch")
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.cause = CauseTracker()  # the stage's own error, however far above the tail it was printed
@@ -213,22 +207,29 @@ def replica_cause(proc: LocalProcess | None) -> str | None:
 class LocalLauncher:
     """Runs pods as local processes; `kill()` (from on_kill, any thread) stops every process it started."""
 
-    def __init__(self, data_dir: Path | None = None, images: Mapping[str, str] | None = None):
+    def __init__(self, config: PipelineConfig, data_dir: Path | None = None, images: Mapping[str, str] | None = None):
+        self.config = config
         self.data_dir = data_dir or settings.data_dir()
         self.images = dict(images if images is not None else registry_images())
         self._running: list[LocalProcess] = []
         self._lock = threading.Lock()
 
-    def run_pod(self, pod: k8s.V1Pod, log: logging.Logger, context: Any = None) -> dict[str, Any] | None:
+    @property
+    def volume(self) -> tuple[str, Path]:
+        """The volume's mount path in the containers, and the folder that stands for it here."""
+        return self.config.kubernetes.volume.mount_path, self.data_dir
+
+    def run_stage(self, run: RunContext, spec: ContainerSpec, log: logging.Logger,
+                  context: Any = None) -> dict[str, Any] | None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with work_folder("pod") as work:
-            proc = LocalProcess(pod, self.data_dir, work, self.images)
-            log.info("local backend: running pod %s: %s", proc.name, " ".join(proc.argv))
+            proc = LocalProcess(stage_pod_name(self.config, run, spec), spec, self.volume, work, self.images)
+            log.info("local backend: running %s: %s", proc.name, " ".join(proc.argv))
             with self._lock:
                 self._running.append(proc)
             try:
                 proc.start()
-                code = proc.stream(log, f"[{pod.metadata.labels.get('trainyard/stage', proc.name)}]")
+                code = proc.stream(log, f"[{proc.stage}]")
             finally:
                 proc.stop()
                 with self._lock:
@@ -254,21 +255,25 @@ class LocalLauncher:
         """Free 127.0.0.1 ports, chosen now, one per replica."""
         return local_hosts({role: [free_port() for _ in range(replicas.count(role))] for role in ROLES})
 
-    def run_job(self, pods: list[k8s.V1Pod], log: logging.Logger, restart_budget: int,
-                logs_dir: str, service: k8s.V1Service | None = None) -> dict[str, Any] | None:
-        """Run a training job: PS and workers first, then the chief; the job's result is the chief's.
+    def run_job(self, run: RunContext, stage: Stage, specs: list[ContainerSpec],
+                log: logging.Logger) -> dict[str, Any] | None:
+        """Run a training job: PS and workers first, then the chief; the job's result is the chief's. Each
+        replica's output goes to `<run>/logs/cluster/<job>-<role>-<i>.log` on the volume.
 
-        Local ports need no Service (`service` is ignored). A worker that exits is restarted in place (same
+        Local ports need no Service. A worker that exits is restarted in place (same
         port, same TF_CONFIG) while the restart budget lasts; a parameter server that exits fails the attempt at
         once (the retry resumes from the last checkpoint).
         When the chief ends, for any reason, every other replica is stopped and reaped.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        restart_budget = self.config.training.restart_budget
         with work_folder("job") as work:
-            procs = [LocalProcess(pod, self.data_dir, work / pod.metadata.name, self.images) for pod in pods]
+            names = [replica_name(run.job_name, spec) for spec in specs]
+            procs = [LocalProcess(name, spec, self.volume, work / name, self.images)
+                     for name, spec in zip(names, specs, strict=True)]
             chief = next(p for p in procs if p.role == "chief")
             others = [p for p in procs if p is not chief]
-            log_folder = Path(chief.map_path(logs_dir))
+            log_folder = run.layout(self.data_dir).path(layout.CLUSTER_LOGS)
             log_folder.mkdir(parents=True, exist_ok=True)
             with self._lock:
                 self._running.extend(procs)
