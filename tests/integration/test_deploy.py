@@ -240,7 +240,8 @@ def test_racing_deploys_get_distinct_versions(tmp_path: Path) -> None:
     saved = export_tiny_model(tmp_path / layout.SAVED_MODEL.name)
     models = tmp_path / layout.MODELS / "tiny"
     code = ("import sys; from pathlib import Path; from trainyard_serving.publishing import publish; "
-            "print(publish(Path(sys.argv[1]), Path(sys.argv[2]), {'run_id': sys.argv[3]}))")
+            "from trainyard_contract.artifacts import VersionRecord; "
+            "print(publish(Path(sys.argv[1]), Path(sys.argv[2]), VersionRecord(run_id=sys.argv[3])))")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     racers = [subprocess.Popen([sys.executable, "-c", code, str(models), str(saved), f"r{i}"], env=env,
                                stdout=subprocess.PIPE, text=True) for i in range(4)]
@@ -258,7 +259,8 @@ def test_a_publish_killed_midway_leaves_nothing_after_the_next_one(tmp_path: Pat
             "real = publishing.fsync_tree\n"
             "def die(path): real(path); os.kill(os.getpid(), signal.SIGKILL)\n"
             "publishing.fsync_tree = die\n"
-            "publishing.publish(Path(sys.argv[1]), Path(sys.argv[2]), {})")
+            "from trainyard_contract.artifacts import VersionRecord\n"
+            "publishing.publish(Path(sys.argv[1]), Path(sys.argv[2]), VersionRecord())")
     killed = subprocess.run([sys.executable, "-c", code, str(models), str(saved)], timeout=120,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert killed.returncode == -9
@@ -289,7 +291,7 @@ def test_a_version_is_on_disk_before_it_is_visible(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(atomic.os, "fsync", fsync)
     monkeypatch.setattr(publishing_module.os, "rename", rename)
-    assert publish(models, saved, {"run_id": "r"}) == 1
+    assert publish(models, saved, VersionRecord(run_id="r")) == 1
 
     (at,) = [i for i, (kind, what) in enumerate(events) if kind == "rename" and what.endswith(f"{models}/1")]
     staged = events[at][1].split(" -> ")[0]
