@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,30 @@ def test_parsing_the_dags_folder_imports_nothing_heavy() -> None:
     assert report["errors"] == {}
     assert report["dags"] == sorted(p.stem for p in pipeline_files(REPO / "pipelines_config"))
     assert report["heavy"] == []
+
+
+LOAD_PLUGINS_IN_FRESH_PROCESS = """
+import json, sys
+from airflow import plugins_manager
+plugins_manager.ensure_plugins_loaded()
+import kubernetes.client  # what KubernetesPodOperator needs after Airflow has loaded its plugins
+loaded_again = [name for name, module in list(sys.modules.items()) if not name.startswith("trainyard")
+                and (getattr(module, "__file__", None) or "").startswith(sys.argv[1])]
+print(json.dumps({"errors": plugins_manager.get_import_errors(), "kubernetes": kubernetes.client.__name__,
+                  "top_level": sorted(loaded_again)}))
+"""
+
+
+def test_airflow_s_plugin_loader_leaves_the_trainyard_package_alone(tmp_path: Path) -> None:
+    """Was: Airflow executed every file under plugins/ again as a top-level module named after the file, so
+    backends/kubernetes.py became `sys.modules["kubernetes"]` and `import kubernetes.client` failed after it."""
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    out = subprocess.run([sys.executable, "-c", LOAD_PLUGINS_IN_FRESH_PROCESS, str(REPO / "plugins" / "trainyard")],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == {"errors": {}, "kubernetes": "kubernetes.client", "top_level": []}
 
 
 def test_every_config_has_a_shim_and_every_shim_a_config() -> None:

@@ -224,7 +224,7 @@ class LocalLauncher:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with work_folder("pod") as work:
             proc = LocalProcess(stage_pod_name(self.config, run, spec), spec, self.volume, work, self.images)
-            log.info("local backend: running %s: %s", proc.name, " ".join(proc.argv))
+            log.info("local backend: running pod %s: %s", proc.name, " ".join(proc.argv))
             with self._lock:
                 self._running.append(proc)
             try:
