@@ -123,7 +123,7 @@ def make_generated(folder: Path, n: int) -> Path:
     for i in range(n):
         text = template.replace("\nname: digits", f"\nname: gen_{i}")
         (configs / f"gen_{i}.yaml").write_text(text.replace("model_name: digits", f"model_name: gen-{i}"))
-        shim = '"""Airflow DAG shim."""\nfrom trainyard.dag_factory import dag_from_config\n\n'
+        shim = '"""Airflow DAG shim."""\nfrom trainyard.dag.factory import dag_from_config\n\n'
         (dags / f"gen_{i}.py").write_text(f'{shim}dag = dag_from_config("gen_{i}")\n')
     return dags
 

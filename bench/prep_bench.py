@@ -68,7 +68,7 @@ def config_for(features: int, file_format: str, parallelism: int = 1):  # noqa: 
 def image_env() -> dict[str, str]:
     """This environment plus the prep image's own (registry.PREP.env: what every data-stage pod gets), for the
     stages and the plain reads alike: the reference runs under the same memory allocator settings."""
-    from trainyard.registry import PREP
+    from trainyard.dag.registry import PREP
 
     return {**os.environ, **dict(PREP.env)}
 

@@ -62,7 +62,7 @@ def bench_prepare(root: Path, rows: int) -> dict[str, dict[str, float]]:
     import numpy as np
     import pandas as pd
 
-    from trainyard.config_loader import load_pipeline_file
+    from trainyard.config.loader import load_pipeline_file
     from trainyard_contract import layout
     from trainyard_prep.example_data import churn_frame
 
@@ -88,7 +88,7 @@ def bench_prepare(root: Path, rows: int) -> dict[str, dict[str, float]]:
 
 
 def bench_training(root: Path, steps: int) -> dict[str, float]:
-    from trainyard.config_loader import load_pipeline_file
+    from trainyard.config.loader import load_pipeline_file
     from trainyard_contract import layout
     from trainyard_prep.example_data import churn_frame
     from trainyard_prep.inputs import pin_inputs

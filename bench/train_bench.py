@@ -234,7 +234,7 @@ class Recorder(logging.Handler):
 
 
 def setup_volume(root: Path):  # noqa: ANN201
-    from trainyard.config_loader import load_pipeline_file
+    from trainyard.config.loader import load_pipeline_file
     from trainyard_prep.example_data import write_digits
 
     volume = root / "volume"
@@ -261,10 +261,10 @@ def prepared_run(volume: Path, config, run_id: str) -> Path:  # noqa: ANN001
 
 
 def job(volume: Path, config, run_id: str, kill_worker_at: str | None = None) -> tuple[dict, float, Recorder]:  # noqa: ANN001
-    from trainyard.backends.local import LocalLauncher
-    from trainyard.registry import stage_named
-    from trainyard.stages import RunContext
-    from trainyard.training_job import launch_training
+    from trainyard.dag.registry import stage_named
+    from trainyard.dag.stages import RunContext
+    from trainyard.launch.local import LocalLauncher
+    from trainyard.launch.training_job import launch_training
 
     prepared_run(volume, config, run_id)
     launcher = LocalLauncher(config, volume)

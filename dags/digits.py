@@ -1,5 +1,5 @@
 """Airflow DAG shim for pipelines_config/digits.yaml: the Trainyard factory builds the DAG from the config."""
 
-from trainyard.dag_factory import dag_from_config
+from trainyard.dag.factory import dag_from_config
 
 dag = dag_from_config("digits")

@@ -31,7 +31,7 @@ EXIT_MEANINGS = {
     EXIT_ENVIRONMENT: "the volume is full or not writable: free space or fix its permissions",
 }
 
-# The pod environment a stage is started with (built on the Airflow side by trainyard.stages).
+# The pod environment a stage is started with (built on the Airflow side by trainyard.dag.stages).
 CONFIG_ENV = "TRAINYARD_CONFIG_JSON"  # the run's config, with the trigger's Param overrides applied
 RUN_ENV = "TRAINYARD_RUN_JSON"  # how the run was started (run type, trigger Params): recorded in its lineage
 XCOM_DIR = "/airflow/xcom"  # KubernetesPodOperator's XCom folder; the local backend maps it to a temp folder

@@ -611,7 +611,7 @@ def _unknown_metric(task: str, name: str) -> str:
     return f"unknown metric {name!r} for {task}{hint} (one of {names})"
 
 
-Backend = Literal["local", "kubernetes"]  # the one list of backends: trainyard.backends.LAUNCHERS builds each
+Backend = Literal["local", "kubernetes"]  # the one list of backends: trainyard.launch.LAUNCHERS builds each
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
 

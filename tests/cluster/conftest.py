@@ -141,10 +141,10 @@ def leftovers(core, labels: dict[str, str], namespace: str = NS) -> list[str]:  
 def seed_volume(core, datasets: dict[str, Path], image: str = "trainyard/prep:0.1.0") -> None:  # noqa: ANN001
     """Copy local dataset folders onto the shared volume as `datasets/<name>/`, replacing what was there, through
     a pod that mounts the claim (`tar | kubectl exec -i ... tar -x`): how a user puts data on a PVC too."""
-    from trainyard.config_loader import find_pipeline_file, load_pipeline_file
-    from trainyard.podspec import build_pod
-    from trainyard.registry import stage_named
-    from trainyard.stages import RunContext, stage_container
+    from trainyard.config.loader import find_pipeline_file, load_pipeline_file
+    from trainyard.dag.registry import stage_named
+    from trainyard.dag.stages import RunContext, stage_container
+    from trainyard.launch.podspec import build_pod
 
     config = load_pipeline_file(find_pipeline_file(REPO / "pipelines_config", "digits"))
     run = RunContext(pipeline="digits", run_id="cluster-seed")

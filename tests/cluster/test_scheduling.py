@@ -38,7 +38,7 @@ LOG = logging.getLogger("trainyard.cluster-test")
 
 def digits_config(monkeypatch: pytest.MonkeyPatch, **changes: dict):  # noqa: ANN201
     """The digits config under the small profile, with `changes` deep-merged in (section -> values)."""
-    from trainyard.config_loader import deep_merge, find_pipeline_file, load_pipeline_file
+    from trainyard.config.loader import deep_merge, find_pipeline_file, load_pipeline_file
     from trainyard_contract.schema import PipelineConfig
 
     monkeypatch.setenv("TRAINYARD_PROFILE", PROFILE)
@@ -49,10 +49,10 @@ def digits_config(monkeypatch: pytest.MonkeyPatch, **changes: dict):  # noqa: AN
 def job_objects(config, run_id: str, idle: bool = False):  # noqa: ANN001, ANN201
     """The training job of a run of `config` as the train task builds it: pods, headless Service, run labels.
     `idle`: every replica only sleeps (no run folder needed: the placement is what is tested)."""
-    from trainyard.cluster_spec import job_name, kubernetes_hosts
-    from trainyard.podspec import build_headless_service, build_job_pods, job_selector
-    from trainyard.registry import stage_named
-    from trainyard.stages import RunContext, train_containers, train_replicas
+    from trainyard.dag.registry import stage_named
+    from trainyard.dag.stages import RunContext, train_containers, train_replicas
+    from trainyard.launch.cluster_spec import job_name, kubernetes_hosts
+    from trainyard.launch.podspec import build_headless_service, build_job_pods, job_selector
     from trainyard_contract.layout import run_key
 
     run = RunContext(pipeline=config.name, run_id=run_id)
@@ -74,8 +74,8 @@ def as_service_account(monkeypatch: pytest.MonkeyPatch, kubeconfig: Path) -> Non
 
 def run_job(config, run_id: str, idle: bool = False):  # noqa: ANN001, ANN201
     """Launch the job through the Kubernetes backend; the StageFailed it raises and how long it took."""
-    from trainyard.backends.base import StageFailed
-    from trainyard.backends.kubernetes import KubernetesLauncher
+    from trainyard.launch.base import StageFailed
+    from trainyard.launch.kubernetes import KubernetesLauncher
 
     pods, service, labels = job_objects(config, run_id, idle)
     started = time.monotonic()
@@ -182,7 +182,7 @@ def test_two_teams_quotas_and_permissions_hold(core, seeded, team_b: str, run_en
 def test_gpu_tiers_place_each_priority_on_its_own_nodes(core, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
                                                         airflow_kubeconfig: Path) -> None:
     """The node carries the low tier's product label (Tesla-T4), not the high tier's (H100)."""
-    from trainyard.backends.kubernetes import KubernetesLauncher
+    from trainyard.launch.kubernetes import KubernetesLauncher
 
     as_service_account(monkeypatch, airflow_kubeconfig)
     low = digits_config(monkeypatch, training={"priority": "low", "workers": {"resources": {"gpu": 1}}})

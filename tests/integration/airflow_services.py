@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.serving_helpers import Server, free_port
-from trainyard.airflow_api import AirflowApi, ApiError, get_token
+from trainyard.commands.airflow_api import AirflowApi, ApiError, get_token
 from trainyard_contract import layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -257,7 +257,7 @@ class AirflowServices:
 
 def dag_shim(name: str) -> str:
     """The DAG file of pipeline `name`, as in `dags/` (safe mode parses only files naming "airflow" and "dag")."""
-    return (f'"""Airflow DAG shim for {name}.yaml."""\n\nfrom trainyard.dag_factory import dag_from_config\n\n'
+    return (f'"""Airflow DAG shim for {name}.yaml."""\n\nfrom trainyard.dag.factory import dag_from_config\n\n'
             f"dag = dag_from_config({name!r})\n")
 
 

@@ -50,7 +50,7 @@ evaluation:
 """
 # the README's shim (Airflow's safe mode parses only files that name both "airflow" and "dag")
 SHIM = '"""Airflow DAG shim: Trainyard builds it from ../pipelines_config/{name}.yaml."""\n' \
-       "from trainyard.dag_factory import dag_from_config\n\ndag = dag_from_config(\"{name}\")\n"
+       "from trainyard.dag.factory import dag_from_config\n\ndag = dag_from_config(\"{name}\")\n"
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_pipeline_run import run_folder, trainyard
-from trainyard.config_loader import load_pipeline_file
-from trainyard.stages import CONFIG_ENV
+from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.stages import CONFIG_ENV
 from trainyard_contract import layout
 from trainyard_contract.runtime import EXIT_BAD_INPUT
 from trainyard_contract.schema import PipelineConfig

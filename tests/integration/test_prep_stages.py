@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from trainyard.config_loader import load_pipeline_file
-from trainyard.stages import CONFIG_ENV
+from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.stages import CONFIG_ENV
 from trainyard_contract import layout
 from trainyard_contract.runtime import StageError
 from trainyard_contract.schema import PipelineConfig

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from tests.integration.test_tabular_tasks import END, validate_and_prepare
-from trainyard.config_loader import load_pipeline_file
-from trainyard.stages import CONFIG_ENV
+from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.stages import CONFIG_ENV
 from trainyard_contract import layout
 from trainyard_contract.runtime import result_from_log
 from trainyard_contract.schema import PipelineConfig

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.integration.serving_helpers import Server
-from trainyard.scaffold import models_dir
+from trainyard.commands.scaffold import models_dir
 from trainyard_contract import layout
 
 pytestmark = pytest.mark.integration
@@ -79,7 +79,7 @@ def test_new_pipeline_from_a_sample_to_a_served_prediction(name: str, pipelines_
         run = trainyard("run", name, "--conf", '{"steps": 60}')
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert layout.published_versions(layout.models_dir(data_dir, name.replace("_", "-"))) == [1]
-        (dags / "orphan.py").write_text('"""airflow dag"""\nfrom trainyard.dag_factory import dag_from_config\n'
+        (dags / "orphan.py").write_text('"""airflow dag"""\nfrom trainyard.dag.factory import dag_from_config\n'
                                         'dag = dag_from_config("gone")\n')
         (models_dir() / f"{name}.py").write_text("def build_model(params, schema:\n")
         checked = trainyard("check")
@@ -93,7 +93,7 @@ def test_new_pipeline_from_a_sample_to_a_served_prediction(name: str, pipelines_
 
 
 def test_new_refuses_what_cannot_work(name: str, pipelines_dir: Path, data_dir: Path, tmp_path: Path) -> None:
-    from trainyard.scaffold import ScaffoldError, new_pipeline
+    from trainyard.commands.scaffold import ScaffoldError, new_pipeline
 
     sample = tmp_path / "s.csv"
     sample.write_text("price,size\n1.5,3\n2.25,4\n3.75,5\n")
@@ -111,8 +111,8 @@ def test_new_refuses_what_cannot_work(name: str, pipelines_dir: Path, data_dir: 
 
 def test_a_float_label_makes_a_regression_pipeline(name: str, pipelines_dir: Path, data_dir: Path,
                                                    tmp_path: Path) -> None:
-    from trainyard.config_loader import load_pipeline_file
-    from trainyard.scaffold import new_pipeline
+    from trainyard.commands.scaffold import new_pipeline
+    from trainyard.config.loader import load_pipeline_file
 
     sample = tmp_path / "s.csv"
     sample.write_text("price,size,city\n1.5,3,Lyon\n2.25,4,Oslo\n3.75,5,Lyon\n")
@@ -129,8 +129,8 @@ def test_new_reads_parquet_and_maps_names_that_are_not_identifiers(name: str, pi
     import pandas as pd
     from sklearn.datasets import load_wine
 
-    from trainyard.config_loader import load_pipeline_file
-    from trainyard.scaffold import new_pipeline
+    from trainyard.commands.scaffold import new_pipeline
+    from trainyard.config.loader import load_pipeline_file
     from trainyard_prep.inputs import pin_inputs
     from trainyard_prep.prepare import prepare
     from trainyard_prep.validate import validate_inputs
@@ -172,8 +172,8 @@ def test_new_reads_parquet_and_maps_names_that_are_not_identifiers(name: str, pi
 
 def test_task_says_what_a_whole_number_label_is(name: str, pipelines_dir: Path, data_dir: Path,
                                                 tmp_path: Path) -> None:
-    from trainyard.config_loader import load_pipeline_file
-    from trainyard.scaffold import ScaffoldError, new_pipeline
+    from trainyard.commands.scaffold import ScaffoldError, new_pipeline
+    from trainyard.config.loader import load_pipeline_file
 
     rng = np.random.default_rng(0)
     speed = rng.uniform(20, 120, 400)
@@ -200,8 +200,8 @@ def test_new_picks_free_ports_when_another_program_holds_the_defaults(name: str,
                                                                       data_dir: Path, tmp_path: Path) -> None:
     import socket
 
-    from trainyard.config_loader import load_pipeline_file
-    from trainyard.scaffold import DEFAULT_PORTS, new_pipeline, port_free
+    from trainyard.commands.scaffold import DEFAULT_PORTS, new_pipeline, port_free
+    from trainyard.config.loader import load_pipeline_file
 
     sample = tmp_path / "s.csv"
     sample.write_text("price,size\n1,3\n2,4\n1,5\n")
@@ -237,7 +237,7 @@ def test_a_teams_own_pipelines_folder_does_not_meet_the_examples(tmp_path: Path)
     home = tmp_path / "home"
     (home / "airflow" / "dags").mkdir(parents=True)  # Airflow's own default home, ~/airflow
     (home / "airflow" / "dags" / "wine.py").write_text(
-        'from trainyard.dag_factory import dag_from_config\n\ndag = dag_from_config("wine")\n')
+        'from trainyard.dag.factory import dag_from_config\n\ndag = dag_from_config("wine")\n')
     env = {key: value for key, value in os.environ.items() if not key.startswith(("AIRFLOW", "TRAINYARD_"))}
     env.update({"HOME": str(home), "TRAINYARD_PIPELINES_DIR": str(team)})
     checked = subprocess.run([sys.executable, "-m", "trainyard.cli", "check", "--no-build"], capture_output=True,
@@ -248,7 +248,7 @@ def test_a_teams_own_pipelines_folder_does_not_meet_the_examples(tmp_path: Path)
 
 def test_a_column_name_no_config_could_hold_is_refused_before_anything_is_written(
         name: str, pipelines_dir: Path, data_dir: Path, tmp_path: Path) -> None:
-    from trainyard.scaffold import ScaffoldError, new_pipeline
+    from trainyard.commands.scaffold import ScaffoldError, new_pipeline
 
     long_name = "reading (" + "x" * 260 + ")"  # over source_column's 255 characters
     sample = tmp_path / "s.csv"

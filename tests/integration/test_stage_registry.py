@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.config_loader import load_pipeline_file
-from trainyard.dag_factory import build_dag
-from trainyard.registry import STAGES
-from trainyard.render import render_run
+from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.factory import build_dag
+from trainyard.dag.registry import STAGES
+from trainyard.launch.render import render_run
 from trainyard_contract.layout import run_key, runs_dir
 
 pytestmark = pytest.mark.integration
@@ -31,9 +31,9 @@ SHIM = f'''"""Airflow DAG shim: the digits pipeline with the throwaway echo stag
 import sys
 sys.path.insert(0, {str(FIXTURES)!r})
 from echo_stage.declaration import ECHO
-from trainyard.config_loader import find_pipeline_file, load_pipeline_file
-from trainyard.dag_factory import build_dag
-from trainyard.registry import STAGES
+from trainyard.config.loader import find_pipeline_file, load_pipeline_file
+from trainyard.dag.factory import build_dag
+from trainyard.dag.registry import STAGES
 from trainyard.settings import pipelines_dir
 
 dag = build_dag(load_pipeline_file(find_pipeline_file(pipelines_dir(), "digits")), stages=(ECHO, *STAGES))

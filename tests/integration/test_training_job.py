@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from trainyard.backends.base import StageFailed
-from trainyard.backends.local import LocalLauncher
-from trainyard.config_loader import load_pipeline_file
-from trainyard.registry import stage_named
-from trainyard.stages import RunContext
-from trainyard.training_job import launch_training
+from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.registry import stage_named
+from trainyard.dag.stages import RunContext
+from trainyard.launch.base import StageFailed
+from trainyard.launch.local import LocalLauncher
+from trainyard.launch.training_job import launch_training
 from trainyard_contract import layout
 from trainyard_contract.layout import RunLayout
 from trainyard_contract.schema import PipelineConfig

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from trainyard.cli import main as cli
-from trainyard.config_loader import ConfigError, check_folder, load_pipeline_file, pipeline_files
+from trainyard.config.loader import ConfigError, check_folder, load_pipeline_file, pipeline_files
 from trainyard_contract.schema import PipelineConfig
 
 MINIMAL = """\
@@ -162,10 +162,10 @@ def test_an_error_in_a_profile_points_at_the_profile_and_a_missing_one_is_named(
 def test_the_shipped_small_profile_fits_one_two_cpu_node_without_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every example pipeline under TRAINYARD_PROFILE=small: no GPU anywhere, and a whole training job plus one
     stage pod and the serving pod request under 2 CPUs."""
-    from trainyard.cluster_spec import kubernetes_hosts
-    from trainyard.podspec import build_job_pods
-    from trainyard.registry import stage_named
-    from trainyard.stages import RunContext, train_containers, train_replicas
+    from trainyard.dag.registry import stage_named
+    from trainyard.dag.stages import RunContext, train_containers, train_replicas
+    from trainyard.launch.cluster_spec import kubernetes_hosts
+    from trainyard.launch.podspec import build_job_pods
 
     monkeypatch.setenv("TRAINYARD_PROFILE", "small")
     configs, errors = check_folder(pipeline_files(REPO / "pipelines_config"))
@@ -337,7 +337,7 @@ def test_the_registry_prefixes_trainyards_own_images_only() -> None:
 
 
 def test_a_metric_error_is_placed_on_its_line(tmp_path: Path) -> None:
-    from trainyard.config_loader import ConfigError, load_pipeline_file
+    from trainyard.config.loader import ConfigError, load_pipeline_file
 
     path = tmp_path / "t.yaml"
     path.write_text("name: t\ndata:\n  source: d\n  label: {name: y, classes: [0, 1]}\n  features: [{name: a}]\n"

@@ -81,7 +81,7 @@ def test_the_check_catches_a_module_the_image_does_not_have() -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     blocked = subprocess.run([sys.executable, "-c", IMPORT_ALL, json.dumps(["trainyard"]),
-                              json.dumps(["trainyard.registry"])], capture_output=True, text=True, timeout=60)
+                              json.dumps(["trainyard.dag.registry"])], capture_output=True, text=True, timeout=60)
     assert blocked.returncode != 0 and "(not in this image)" in blocked.stderr
 
 

@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
-from trainyard.backends.base import StageFailed
-from trainyard.local_run import retry_advice
-from trainyard.replica_policy import Action, on_replica_exit
+from trainyard.commands.local_run import retry_advice
+from trainyard.launch.base import StageFailed
+from trainyard.launch.replica_policy import Action, on_replica_exit
 from trainyard_contract.runtime import (
     ERROR_MARKER,
     EXIT_BAD_INPUT,

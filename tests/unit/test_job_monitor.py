@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainyard.backends.local import JobMonitor
+from trainyard.launch.local import JobMonitor
 
 LOG = logging.getLogger("test.monitor")
 

@@ -9,7 +9,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from tests.unit.k8s_fakes import api_exception
-from trainyard.backends.kubernetes_api import (
+from trainyard.launch.kubernetes_api import (
     ApiUnavailable,
     api_error,
     as_lines,

@@ -22,13 +22,13 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.unit.k8s_fakes import FakeCluster, result_log
 from tests.unit.test_render import K8S_VERSION, assert_restricted
-from trainyard.backends import launcher_for
-from trainyard.backends.base import StageFailed
-from trainyard.backends.kubernetes import KubernetesLauncher
-from trainyard.config_loader import load_pipeline_file
-from trainyard.podspec import build_serving_deployment, build_serving_service, build_stage_pod
-from trainyard.registry import stage_named
-from trainyard.stages import RunContext, stage_container
+from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.registry import stage_named
+from trainyard.dag.stages import RunContext, stage_container
+from trainyard.launch import launcher_for
+from trainyard.launch.base import StageFailed
+from trainyard.launch.kubernetes import KubernetesLauncher
+from trainyard.launch.podspec import build_serving_deployment, build_serving_service, build_stage_pod
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = RunContext(pipeline="digits", run_id="manual__2026-12-03T00:00:00+00:00")
@@ -105,7 +105,7 @@ def test_a_stage_pod_runs_through_kubernetes_pod_operator(config) -> None:
 def test_each_mapped_group_task_runs_its_own_pod_with_its_group(config, monkeypatch: pytest.MonkeyPatch) -> None:
     """The mapped validate_data task of file group 1, as Airflow runs it: the operator builds the group's pod, KPO
     creates it with the task's map index among its labels (so a reattach finds this group's pod, not another's)."""
-    from trainyard.operators import StageOperator
+    from trainyard.dag.operators import StageOperator
 
     fake = stage_cluster(0, {"group": 1, "rows": 600, "files": 2})
     config = config.model_copy(update={"prep": config.prep.model_copy(update={"parallelism": 2})})
@@ -238,10 +238,10 @@ def test_the_role_grants_exactly_what_the_backend_uses(config, monkeypatch: pyte
     """Every path the backend has, run against the fakes; the Role must allow each call and nothing more."""
     from airflow.providers.cncf.kubernetes.utils import pod_manager
 
-    from trainyard.backends.kubernetes_job import KubernetesJob
-    from trainyard.cluster_spec import job_name, kubernetes_hosts
-    from trainyard.podspec import build_headless_service, build_job_pods, job_selector
-    from trainyard.stages import train_containers, train_replicas
+    from trainyard.dag.stages import train_containers, train_replicas
+    from trainyard.launch.cluster_spec import job_name, kubernetes_hosts
+    from trainyard.launch.kubernetes_job import KubernetesJob
+    from trainyard.launch.podspec import build_headless_service, build_job_pods, job_selector
     from trainyard_contract.layout import run_key
 
     mocks: list[object] = []
@@ -365,7 +365,7 @@ def test_kpo_copies_the_stage_s_lines_but_not_tensorflow_s_start_up_chatter(conf
 
 
 def test_every_backend_the_config_accepts_has_a_launcher_and_no_other(config, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainyard.backends import LAUNCHERS
+    from trainyard.launch import LAUNCHERS
     from trainyard.settings import backend_name
     from trainyard_contract.schema import BACKENDS
 

@@ -13,14 +13,14 @@ import pytest
 from kubernetes.client import models as k8s
 
 from tests.unit.k8s_fakes import FakeCluster, api_exception, result_log
-from trainyard.backends.base import StageFailed
-from trainyard.backends.kubernetes_job import DELETE_GRACE_SECONDS, KubernetesJob, selector_of
-from trainyard.backends.kubernetes_lease import LEASE, RENEWED, lease_annotations, sweep_expired_jobs
-from trainyard.cluster_spec import job_name, kubernetes_hosts
-from trainyard.config_loader import load_pipeline_file
-from trainyard.podspec import build_headless_service, build_job_pods, job_selector
-from trainyard.registry import stage_named
-from trainyard.stages import RunContext, train_containers, train_replicas
+from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.registry import stage_named
+from trainyard.dag.stages import RunContext, train_containers, train_replicas
+from trainyard.launch.base import StageFailed
+from trainyard.launch.cluster_spec import job_name, kubernetes_hosts
+from trainyard.launch.kubernetes_job import DELETE_GRACE_SECONDS, KubernetesJob, selector_of
+from trainyard.launch.kubernetes_lease import LEASE, RENEWED, lease_annotations, sweep_expired_jobs
+from trainyard.launch.podspec import build_headless_service, build_job_pods, job_selector
 from trainyard_contract.layout import run_key
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.config_loader import load_pipeline_file
-from trainyard.images import image_repository, local_command
-from trainyard.podspec import build_stage_pod, dns_label, label_value
-from trainyard.registry import images, stage_named
-from trainyard.stages import RunContext, stage_container
+from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.registry import images, stage_named
+from trainyard.dag.stages import RunContext, stage_container
+from trainyard.launch.images import image_repository, local_command
+from trainyard.launch.podspec import build_stage_pod, dns_label, label_value
 from trainyard_contract.layout import run_key
 
 RUN = RunContext(pipeline="digits", run_id="manual__2026-12-02T10:00:00+00:00",
@@ -103,7 +103,7 @@ def test_how_a_run_was_started_travels_to_every_stage(pipelines_dir: Path) -> No
 
     from airflow.utils.types import DagRunType
 
-    from trainyard.operators import run_context
+    from trainyard.dag.operators import run_context
     from trainyard_contract.runtime import RUN_ENV
 
     config = load_pipeline_file(pipelines_dir / "digits.yaml")
@@ -122,7 +122,7 @@ def test_how_a_run_was_started_travels_to_every_stage(pipelines_dir: Path) -> No
 def test_an_images_environment_reaches_its_pods_on_both_backends(pipelines_dir: Path) -> None:
     """The prep image keeps freed memory (glibc's thresholds, registry.KEEP_FREED_MEMORY): every data-stage pod
     carries it, the local process gets it, and the other images' pods do not."""
-    from trainyard.backends.local import PathMapper, _env_for
+    from trainyard.launch.local import PathMapper, _env_for
 
     config = load_pipeline_file(pipelines_dir / "digits.yaml")
     for stage in ("validate", "prepare", "pin", "merge"):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.backends.local import LocalLauncher
-from trainyard.native_noise import is_native_noise
-from trainyard.stages import ContainerSpec, RunContext
+from trainyard.dag.stages import ContainerSpec, RunContext
+from trainyard.launch.local import LocalLauncher
+from trainyard.launch.native_noise import is_native_noise
 from trainyard_contract.schema import PipelineConfig, Resources
 
 # Seen verbatim in every TensorFlow 2.21 process on a machine without GPUs (CI logs of the training job)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.config_loader import load_pipeline_file
-from trainyard.params import OverrideError, apply_overrides, build_params
+from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.params import OverrideError, apply_overrides, build_params
 
 
 def test_params_carry_config_defaults_and_bounds(pipelines_dir: Path) -> None:

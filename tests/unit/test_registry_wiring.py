@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.registry import stage_named, stages_for, wiring_problems
+from trainyard.dag.registry import stage_named, stages_for, wiring_problems
 from trainyard_contract import artifacts, layout
 from trainyard_contract.artifacts import Decision, DeployJournal, EvalMetrics, InputsManifest, SmokeSet, VersionRecord
 from trainyard_contract.runtime import StageError

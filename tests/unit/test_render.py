@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from trainyard.cli import main as cli
-from trainyard.config_loader import load_pipeline_file
-from trainyard.render import render_run
+from trainyard.config.loader import load_pipeline_file
+from trainyard.launch.render import render_run
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.37.0"

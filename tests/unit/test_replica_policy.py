@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainyard.replica_policy import Action, on_replica_exit
+from trainyard.launch.replica_policy import Action, on_replica_exit
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainyard.backends.local import remove_orphaned_work, work_folder, work_root
-from trainyard.local_run import RunLock
+from trainyard.commands.local_run import RunLock
+from trainyard.launch.local import remove_orphaned_work, work_folder, work_root
 
 RACER = """
 import sys, time
 from pathlib import Path
-from trainyard.local_run import RunLock
+from trainyard.commands.local_run import RunLock
 lock = RunLock(Path(sys.argv[1]))
 sys.stdin.readline()  # every racer waits here, then all try at once
 won = lock.acquire()
@@ -39,7 +39,7 @@ def test_two_runs_started_together_cannot_both_take_the_lock(tmp_path: Path) -> 
 
 def test_a_killed_holder_frees_the_lock_and_leaves_its_run_named(tmp_path: Path) -> None:
     path = tmp_path / "trainyard-run" / "digits.json"
-    code = ("import os, signal, sys; from pathlib import Path; from trainyard.local_run import RunLock\n"
+    code = ("import os, signal, sys; from pathlib import Path; from trainyard.commands.local_run import RunLock\n"
             "lock = RunLock(Path(sys.argv[1])); assert lock.acquire(); lock.take('run-killed')\n"
             "os.kill(os.getpid(), signal.SIGKILL)")
     assert subprocess.run([sys.executable, "-c", code, str(path)], timeout=60).returncode == -signal.SIGKILL
@@ -53,7 +53,7 @@ def test_a_killed_holder_frees_the_lock_and_leaves_its_run_named(tmp_path: Path)
 
 def test_work_folders_a_killed_run_left_are_removed_by_the_next_one(tmp_path: Path) -> None:
     """Was: a SIGKILLed `trainyard run` left its /tmp/trainyard-job-* folders forever."""
-    code = ("import os, signal; from trainyard.backends.local import work_folder\n"
+    code = ("import os, signal; from trainyard.launch.local import work_folder\n"
             "with work_folder('job') as work:\n"
             "    (work / 'chief').mkdir(); (work / 'chief' / 'ckpt').write_bytes(b'x' * 4096)\n"
             "    print(work, flush=True); os.kill(os.getpid(), signal.SIGKILL)")

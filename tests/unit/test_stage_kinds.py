@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from trainyard.config_loader import load_pipeline_file
-from trainyard.dag_factory import build_dag
-from trainyard.registry import STAGES, stage_named
-from trainyard.render import render_run
-from trainyard.stage_kinds import AddedTask, Branch, Job, Pod
+from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.factory import build_dag
+from trainyard.dag.registry import STAGES, stage_named
+from trainyard.dag.stage_kinds import AddedTask, Branch, Job, Pod
+from trainyard.launch.render import render_run
 
 
 @pytest.mark.parametrize(("kind", "says"), [

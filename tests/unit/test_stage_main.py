@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.registry import STAGES
+from trainyard.dag.registry import STAGES
 from trainyard_contract.runtime import (
     CONFIG_ENV,
     ERROR_MARKER,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from trainyard.cli import main as cli
-from trainyard.config_loader import ConfigError, check_folder, load_pipeline_file
-from trainyard.registry import STAGES, runtime_of, stage_named
-from trainyard.stages import RunContext, role_resources, stage_container
+from trainyard.config.loader import ConfigError, check_folder, load_pipeline_file
+from trainyard.dag.registry import STAGES, runtime_of, stage_named
+from trainyard.dag.stages import RunContext, role_resources, stage_container
 from trainyard_contract.schema import PipelineConfig
 
 MINIMAL = """\

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from trainyard import settings
 from trainyard.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from trainyard.config_loader import (
+from trainyard.config.loader import (
     check_folder,
     pipeline_files,
 )
@@ -36,7 +36,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     configs, errors = check_folder(paths, notices)
     for line in notices:  # old spellings still read: a warning, not an error
         print(f"warning: {line}", file=sys.stderr)
-    from trainyard.scaffold import installed_models_dir, model_module_problem, pairing_problems
+    from trainyard.commands.scaffold import installed_models_dir, model_module_problem, pairing_problems
 
     by_name = {path.stem: path for path in paths}
     buildable = []
@@ -75,8 +75,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def module_location(path: Path | None, config: PipelineConfig) -> str:
     """`FILE:LINE:COL` of a pipeline's `training.model.module` (or of its file when the default is used)."""
-    from trainyard.config_loader import display_path
-    from trainyard.yaml_source import load_yaml_file
+    from trainyard.config.loader import display_path
+    from trainyard.config.yaml_source import load_yaml_file
 
     if path is None:
         return config.name
@@ -125,8 +125,8 @@ def dags_folder() -> Path:
 
 
 def cmd_new(args: argparse.Namespace) -> int:
+    from trainyard.commands.scaffold import ScaffoldError, new_pipeline
     from trainyard.commands.serving import server_alive
-    from trainyard.scaffold import ScaffoldError, new_pipeline
 
     try:
         written = new_pipeline(args.name, Path(args.sample) if args.sample else None, args.label,

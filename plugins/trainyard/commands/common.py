@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from trainyard import settings
-from trainyard.config_loader import ConfigError, find_pipeline_file, load_pipeline_file
+from trainyard.config.loader import ConfigError, find_pipeline_file, load_pipeline_file
 from trainyard_contract.schema import PipelineConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

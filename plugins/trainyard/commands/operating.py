@@ -10,7 +10,7 @@ from pathlib import Path
 
 from trainyard import settings
 from trainyard.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, load_named
-from trainyard.config_loader import (
+from trainyard.config.loader import (
     check_folder,
     pipeline_files,
 )
@@ -21,7 +21,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_FAILED
     config = loaded[0]
-    from trainyard.render import render_run, write_manifests
+    from trainyard.launch.render import render_run, write_manifests
 
     run_id = args.run_id or f"manual__{dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()}"
     manifests = render_run(config, run_id)
@@ -35,7 +35,7 @@ def cmd_pools(args: argparse.Namespace) -> int:
     configs, errors = check_folder(pipeline_files(settings.pipelines_dir()))
     for line in errors:
         print(line, file=sys.stderr)
-    from trainyard.pools import ensure_pools, required_pools
+    from trainyard.dag.pools import ensure_pools, required_pools
 
     created = ensure_pools(configs, slots=args.slots)
     for name in required_pools(configs):
@@ -59,7 +59,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         configs = [c for c in configs if c.name in args.pipeline]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     log = logging.getLogger("trainyard.cleanup")
-    from trainyard.backends.kubernetes import KubernetesLauncher
+    from trainyard.launch.kubernetes import KubernetesLauncher
 
     swept: list[str] = []
     seen: set[tuple[str, str]] = set()
@@ -85,7 +85,7 @@ def cmd_mark_data(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_FAILED
     config = loaded[0]
-    from trainyard.airflow_api import AirflowApi, ApiError
+    from trainyard.commands.airflow_api import AirflowApi, ApiError
     from trainyard_contract.schema import AssetSchedule
 
     if not isinstance(config.schedule, AssetSchedule):

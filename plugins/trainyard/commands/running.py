@@ -36,7 +36,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_FAILED
     config, path = loaded
-    from trainyard.dag_factory import build_dag
+    from trainyard.dag.factory import build_dag
 
     dag = build_dag(config, str(path))
     unknown = sorted(set(conf) - set(dag.params.keys()))
@@ -46,7 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     lock = run_lock(config.name)
     if lock is None:
         return EXIT_FAILED
-    from trainyard import local_run
+    from trainyard.commands import local_run
 
     run = run_dag(dag, config.name, conf, lock)
     report_run(config.name, run)
@@ -71,7 +71,7 @@ def trigger_conf(text: str | None) -> dict[str, Any] | int:
 def run_lock(pipeline: str) -> Any:
     """The pipeline's local run lock, or None after printing why no run can start (an Airflow home or shim
     problem, or a run still going); notes about stale runs it cleared are printed too."""
-    from trainyard import local_run
+    from trainyard.commands import local_run
 
     notes: list[str] = []
     lock = None
@@ -94,7 +94,7 @@ def run_dag(dag: Any, pipeline: str, conf: dict[str, Any], lock: Any) -> LocalRu
     from airflow.models.dagrun import DagRun
     from airflow.utils.types import DagRunType
 
-    from trainyard import local_run
+    from trainyard.commands import local_run
     from trainyard_contract.layout import run_key
 
     run_after = dt.datetime.now(dt.UTC)
@@ -120,8 +120,8 @@ def run_dag(dag: Any, pipeline: str, conf: dict[str, Any], lock: Any) -> LocalRu
 
 def report_run(pipeline: str, run: LocalRun) -> None:
     """How the run ended: its state, the failure's cause or the Ctrl-C, skip notes, the task table, where to look."""
-    from trainyard import local_run
-    from trainyard.run_summary import summary_table, task_rows, training_rates
+    from trainyard.commands import local_run
+    from trainyard.commands.run_summary import summary_table, task_rows, training_rates
 
     print(f"trainyard run: {pipeline} run {run.run_id} finished: {run.state}")
     if local_run.INTERRUPTED:

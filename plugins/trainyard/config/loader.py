@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from trainyard.config_migration import MigrationError, migrate
-from trainyard.yaml_source import Loc, SourceDocument, YamlSourceError, load_yaml_file
+from trainyard.config.migration import MigrationError, migrate
+from trainyard.config.yaml_source import Loc, SourceDocument, YamlSourceError, load_yaml_file
 from trainyard_contract.schema import UNION_TAGS, PipelineConfig
 
 DEFAULTS_FILE = "_defaults.yaml"

@@ -31,8 +31,8 @@ from kubernetes.client import CoreV1Api
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from trainyard.backends.base import StageFailed
-from trainyard.backends.kubernetes_api import (
+from trainyard.launch.base import StageFailed
+from trainyard.launch.kubernetes_api import (
     ApiUnavailable,
     api_error,
     follow_log,
@@ -41,10 +41,10 @@ from trainyard.backends.kubernetes_api import (
     recent_events,
     with_retries,
 )
-from trainyard.backends.kubernetes_lease import RENEW_SECONDS, lease_annotations, renew, utcnow
-from trainyard.native_noise import is_native_noise
-from trainyard.podspec import PLACEMENT_ANNOTATION
-from trainyard.replica_policy import Action, on_replica_exit
+from trainyard.launch.kubernetes_lease import RENEW_SECONDS, lease_annotations, renew, utcnow
+from trainyard.launch.native_noise import is_native_noise
+from trainyard.launch.podspec import PLACEMENT_ANNOTATION
+from trainyard.launch.replica_policy import Action, on_replica_exit
 from trainyard_contract.runtime import failure_cause, result_from_log
 
 TAIL_LINES = 40

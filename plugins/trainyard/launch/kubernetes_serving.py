@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes.client import AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from trainyard.podspec import build_serving_deployment, build_serving_service, serving_address
+from trainyard.launch.podspec import build_serving_deployment, build_serving_service, serving_address
 from trainyard_contract.schema import PipelineConfig
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainyard.cluster_spec import Replicas
+from trainyard.launch.cluster_spec import Replicas
 from trainyard_contract.runtime import is_retryable_exit
 from trainyard_contract.schema import PipelineConfig
 
 if TYPE_CHECKING:
-    from trainyard.registry import Stage
-    from trainyard.stages import ContainerSpec, RunContext
+    from trainyard.dag.registry import Stage
+    from trainyard.dag.stages import ContainerSpec, RunContext
 
 
 class StageFailed(Exception):
@@ -50,7 +50,7 @@ class StageFailed(Exception):
 class Launcher(Protocol):
     """What a backend does for the operators; `launcher_for` returns one (local processes or Kubernetes pods).
 
-    The seam takes what a stage is (`ContainerSpec`s of a `RunContext`, from `trainyard.stages`), never a
+    The seam takes what a stage is (`ContainerSpec`s of a `RunContext`, from `trainyard.dag.stages`), never a
     backend's own objects: each backend builds what it runs from them (the Kubernetes one its pods and the
     job's headless Service through `podspec`, the local one its processes)."""
 

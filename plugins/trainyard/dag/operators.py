@@ -10,15 +10,15 @@ from airflow.providers.standard.operators.branch import BranchMixIn
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from trainyard.params import apply_overrides
-from trainyard.registry import Stage
-from trainyard.registry import images as registry_images
+from trainyard.dag.params import apply_overrides
+from trainyard.dag.registry import Stage
+from trainyard.dag.registry import images as registry_images
+from trainyard.dag.stages import RunContext
 from trainyard.settings import backend_name
-from trainyard.stages import RunContext
 from trainyard_contract.schema import PipelineConfig
 
 if TYPE_CHECKING:
-    from trainyard.backends.base import Launcher, StageFailed
+    from trainyard.launch.base import Launcher, StageFailed
 
 XCOM_LIMIT_BYTES = 64 * 1024
 
@@ -53,7 +53,7 @@ def bad_input(exc: StageFailed, stage: Stage) -> AirflowFailException:
 def record_failure(context: Any, exc: StageFailed) -> None:
     """Keep the stage's own message beside the run (an XCom), so `trainyard run` and people can read it without
     digging through the log; never let recording it hide the failure itself."""
-    from trainyard.local_run import FAILURE_XCOM
+    from trainyard.commands.local_run import FAILURE_XCOM
 
     try:
         context["ti"].xcom_push(key=FAILURE_XCOM, value={"message": exc.stage_message[:4000], "cause": exc.cause,
@@ -64,7 +64,7 @@ def record_failure(context: Any, exc: StageFailed) -> None:
 
 def record_skip(context: Any, reason: str) -> None:
     """Keep why a stage skipped itself beside the run (an XCom), for `trainyard run`'s summary."""
-    from trainyard.local_run import SKIP_XCOM
+    from trainyard.commands.local_run import SKIP_XCOM
 
     try:
         context["ti"].xcom_push(key=SKIP_XCOM, value=reason[:4000])
@@ -101,14 +101,14 @@ class StageOperator(BaseOperator):
 
     def launcher(self, config: PipelineConfig) -> Launcher:
         """The backend's launcher; the local one runs this stage's image as its module (from the declaration)."""
-        from trainyard.backends import launcher_for
+        from trainyard.launch import launcher_for
 
         self._launcher = launcher_for(backend_name(config.backend), config, registry_images((self.stage,)))
         return self._launcher
 
     def execute(self, context: Any) -> dict[str, Any] | None:
-        from trainyard.backends.base import StageFailed
-        from trainyard.stages import stage_container
+        from trainyard.dag.stages import stage_container
+        from trainyard.launch.base import StageFailed
 
         config = apply_overrides(self.config, context["params"])
         run = run_context(context, config.name)
@@ -177,8 +177,8 @@ class TrainJobOperator(StageOperator):
     ui_color = "#fdebd0"
 
     def execute(self, context: Any) -> dict[str, Any] | None:
-        from trainyard.backends.base import StageFailed
-        from trainyard.training_job import launch_training
+        from trainyard.launch.base import StageFailed
+        from trainyard.launch.training_job import launch_training
 
         config = apply_overrides(self.config, context["params"])
         run = run_context(context, config.name)
@@ -207,8 +207,8 @@ class TrainTeardownOperator(BaseOperator):
         self.stage = stage
 
     def execute(self, context: Any) -> int:
-        from trainyard.backends import launcher_for
-        from trainyard.podspec import job_selector
+        from trainyard.launch import launcher_for
+        from trainyard.launch.podspec import job_selector
 
         run = run_context(context, self.config.name)
         launcher = launcher_for(backend_name(self.config.backend), self.config)

@@ -17,8 +17,8 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.providers.cncf.kubernetes.utils.pod_manager import PodManager
 from kubernetes.client import models as k8s
 
-from trainyard.backends.kubernetes_api import read_raw_log
-from trainyard.native_noise import is_native_noise
+from trainyard.launch.kubernetes_api import read_raw_log
+from trainyard.launch.native_noise import is_native_noise
 from trainyard_contract.runtime import failure_cause, result_from_log
 from trainyard_contract.schema import PipelineConfig
 

@@ -14,8 +14,8 @@ from pathlib import PurePosixPath
 
 from kubernetes.client import models as k8s
 
-from trainyard.registry import Stage
-from trainyard.stages import ContainerSpec, RunContext
+from trainyard.dag.registry import Stage
+from trainyard.dag.stages import ContainerSpec, RunContext
 from trainyard_contract.layout import models_dir
 from trainyard_contract.runtime import XCOM_DIR
 from trainyard_contract.schema import GpuTier, PipelineConfig, Resources

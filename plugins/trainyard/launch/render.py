@@ -12,13 +12,13 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from trainyard.podspec import (
+from trainyard.dag.registry import STAGES, Stage, mapped_over, stages_for
+from trainyard.dag.stages import RunContext
+from trainyard.launch.podspec import (
     build_serving_deployment,
     build_serving_service,
     serving_address,
 )
-from trainyard.registry import STAGES, Stage, mapped_over, stages_for
-from trainyard.stages import RunContext
 from trainyard_contract.schema import PipelineConfig
 
 

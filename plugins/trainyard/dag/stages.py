@@ -1,7 +1,7 @@
 """What each stage runs: image, entrypoint and arguments, as pure functions of its declaration, the config and
 the run.
 
-The same `ContainerSpec` becomes a Kubernetes pod (podspec.py) or a local process (backends/local.py), so no
+The same `ContainerSpec` becomes a Kubernetes pod (podspec.py) or a local process (launch/local.py), so no
 stage logic is forked per backend. The declarations live in registry.py; the pod environment's names in the
 contract's runtime module, which the stage entrypoints read them with.
 """
@@ -15,8 +15,8 @@ from functools import cached_property
 from pathlib import PurePosixPath
 from typing import Any
 
-from trainyard.cluster_spec import Replicas, job_name, tf_config
-from trainyard.registry import Stage
+from trainyard.dag.registry import Stage
+from trainyard.launch.cluster_spec import Replicas, job_name, tf_config
 from trainyard_contract.layout import RunLayout, run_key
 from trainyard_contract.runtime import CONFIG_ENV, RUN_ENV, XCOM_RETURN
 from trainyard_contract.schema import PipelineConfig, Resources

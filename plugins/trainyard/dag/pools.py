@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from trainyard.registry import STAGES, Stage
+from trainyard.dag.registry import STAGES, Stage
 from trainyard_contract.schema import PipelineConfig
 
 DEFAULT_SLOTS = 1

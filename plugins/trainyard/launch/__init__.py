@@ -10,18 +10,18 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainyard.backends.base import Launcher
+    from trainyard.launch.base import Launcher
     from trainyard_contract.schema import PipelineConfig
 
 
 def _local(config: PipelineConfig, images: Mapping[str, str] | None) -> Launcher:
-    from trainyard.backends.local import LocalLauncher
+    from trainyard.launch.local import LocalLauncher
 
     return LocalLauncher(config, images=images)
 
 
 def _kubernetes(config: PipelineConfig, images: Mapping[str, str] | None) -> Launcher:
-    from trainyard.backends.kubernetes import KubernetesLauncher
+    from trainyard.launch.kubernetes import KubernetesLauncher
 
     return KubernetesLauncher(config)
 

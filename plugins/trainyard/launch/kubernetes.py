@@ -20,16 +20,16 @@ from kubernetes.client import AppsV1Api, CoreV1Api
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from trainyard.backends.base import StageFailed
-from trainyard.backends.kubernetes_api import api_error, ignore_not_found, pending_reason, recent_events
-from trainyard.backends.kubernetes_job import KubernetesJob, selector_of
-from trainyard.backends.kubernetes_lease import sweep_expired_jobs
-from trainyard.backends.kubernetes_serving import apply_serving_objects
-from trainyard.backends.kubernetes_stage import build_pod_operator
-from trainyard.cluster_spec import Replicas, kubernetes_hosts
-from trainyard.podspec import build_headless_service, build_job_pods, build_stage_pod
-from trainyard.registry import Stage
-from trainyard.stages import ContainerSpec, RunContext
+from trainyard.dag.registry import Stage
+from trainyard.dag.stages import ContainerSpec, RunContext
+from trainyard.launch.base import StageFailed
+from trainyard.launch.cluster_spec import Replicas, kubernetes_hosts
+from trainyard.launch.kubernetes_api import api_error, ignore_not_found, pending_reason, recent_events
+from trainyard.launch.kubernetes_job import KubernetesJob, selector_of
+from trainyard.launch.kubernetes_lease import sweep_expired_jobs
+from trainyard.launch.kubernetes_serving import apply_serving_objects
+from trainyard.launch.kubernetes_stage import build_pod_operator
+from trainyard.launch.podspec import build_headless_service, build_job_pods, build_stage_pod
 from trainyard_contract.schema import PipelineConfig
 
 POLL_SECONDS = 2.0

@@ -28,16 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from trainyard import settings
-from trainyard.backends.base import StageFailed
-from trainyard.cluster_spec import ROLES, Replicas, local_hosts
-from trainyard.images import local_command
-from trainyard.local_run import alive
-from trainyard.native_noise import is_native_noise
-from trainyard.podspec import SCRATCH_PATH, replica_name, stage_pod_name
-from trainyard.registry import Stage
-from trainyard.registry import images as registry_images
-from trainyard.replica_policy import Action, on_replica_exit
-from trainyard.stages import ContainerSpec, RunContext
+from trainyard.commands.local_run import alive
+from trainyard.dag.registry import Stage
+from trainyard.dag.registry import images as registry_images
+from trainyard.dag.stages import ContainerSpec, RunContext
+from trainyard.launch.base import StageFailed
+from trainyard.launch.cluster_spec import ROLES, Replicas, local_hosts
+from trainyard.launch.images import local_command
+from trainyard.launch.native_noise import is_native_noise
+from trainyard.launch.podspec import SCRATCH_PATH, replica_name, stage_pod_name
+from trainyard.launch.replica_policy import Action, on_replica_exit
 from trainyard_contract import layout
 from trainyard_contract.runtime import XCOM_DIR, XCOM_RETURN, CauseTracker, failure_cause
 from trainyard_contract.schema import PipelineConfig

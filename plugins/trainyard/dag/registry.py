@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from trainyard.stage_kinds import POD, Branch, Job, Pod
+from trainyard.dag.stage_kinds import POD, Branch, Job, Pod
 from trainyard_contract import layout as L
 from trainyard_contract.layout import Artifact
 from trainyard_contract.schema import STAGE_SECTIONS, PipelineConfig, StageRuntime

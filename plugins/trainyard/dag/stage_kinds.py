@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
-    from trainyard.registry import Stage
-    from trainyard.stages import RunContext
+    from trainyard.dag.registry import Stage
+    from trainyard.dag.stages import RunContext
     from trainyard_contract.schema import PipelineConfig
 
 MAP_INDEX_TEMPLATE = "file group {{ task.group }}"
@@ -74,7 +74,7 @@ class Pod:
 
     def operator(self, stage: Stage, next_stage: Stage | None, common: dict[str, Any], over: Any = None) -> Any:
         """The stage's task; mapped over the result list of the task `over` (one task per item) if given."""
-        from trainyard.operators import StageOperator
+        from trainyard.dag.operators import StageOperator
 
         if over is not None:
             # the UI and the REST API name each map index by its group, not by a bare number
@@ -91,8 +91,8 @@ class Pod:
     def manifests(self, config: PipelineConfig, run: RunContext, stage: Stage, groups: list[int | None],
                   extra_args: tuple[str, ...]) -> list[Any]:
         """The objects one run of this stage creates: a pod per file group (one, when not mapped)."""
-        from trainyard.podspec import build_stage_pod
-        from trainyard.stages import stage_container
+        from trainyard.dag.stages import stage_container
+        from trainyard.launch.podspec import build_stage_pod
 
         return [build_stage_pod(config, run, stage_container(config, run, stage, extra_args, group=group))
                 for group in groups]
@@ -107,7 +107,7 @@ class Branch(Pod):
     mappable: ClassVar[bool] = False
 
     def operator(self, stage: Stage, next_stage: Stage | None, common: dict[str, Any], over: Any = None) -> Any:
-        from trainyard.operators import DecideOperator
+        from trainyard.dag.operators import DecideOperator
 
         if next_stage is None:
             raise ValueError(f"branch stage {stage.name!r} needs a next stage to gate")
@@ -142,7 +142,7 @@ class Job(Pod):
             raise ValueError(f"job stage {stage.name!r}: give check_command and check_name together")
 
     def operator(self, stage: Stage, next_stage: Stage | None, common: dict[str, Any], over: Any = None) -> Any:
-        from trainyard.operators import TrainJobOperator
+        from trainyard.dag.operators import TrainJobOperator
 
         return TrainJobOperator(**common)
 
@@ -150,16 +150,16 @@ class Job(Pod):
         return (AddedTask(teardown_task_id(stage), TEARDOWN_DOC),)
 
     def added_operator(self, added: AddedTask, config: PipelineConfig, stage: Stage) -> Any:
-        from trainyard.operators import TrainTeardownOperator
+        from trainyard.dag.operators import TrainTeardownOperator
 
         return TrainTeardownOperator(task_id=added.task_id, config=config, stage=stage, doc_md=added.doc)
 
     def manifests(self, config: PipelineConfig, run: RunContext, stage: Stage, groups: list[int | None],
                   extra_args: tuple[str, ...]) -> list[Any]:
         """The check pod, the headless Service, then one pod per replica (Kubernetes DNS hosts in TF_CONFIG)."""
-        from trainyard.cluster_spec import kubernetes_hosts
-        from trainyard.podspec import build_headless_service, build_job_pods, build_stage_pod
-        from trainyard.stages import stage_container, train_containers, train_replicas
+        from trainyard.dag.stages import stage_container, train_containers, train_replicas
+        from trainyard.launch.cluster_spec import kubernetes_hosts
+        from trainyard.launch.podspec import build_headless_service, build_job_pods, build_stage_pod
 
         cluster = kubernetes_hosts(run.job_name, config.kubernetes.namespace, config.training.port,
                                    train_replicas(config))

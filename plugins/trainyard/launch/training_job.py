@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from trainyard.backends.base import Launcher
-from trainyard.registry import Stage
-from trainyard.stages import RunContext, stage_container, train_containers, train_replicas
+from trainyard.dag.registry import Stage
+from trainyard.dag.stages import RunContext, stage_container, train_containers, train_replicas
+from trainyard.launch.base import Launcher
 from trainyard_contract.schema import PipelineConfig
 
 

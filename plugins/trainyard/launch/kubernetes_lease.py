@@ -22,7 +22,7 @@ from kubernetes.client import CoreV1Api
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
-from trainyard.backends.kubernetes_api import api_error, ignore_not_found
+from trainyard.launch.kubernetes_api import api_error, ignore_not_found
 
 RENEWED = "trainyard.io/lease-renewed"
 LEASE = "trainyard.io/lease-seconds"

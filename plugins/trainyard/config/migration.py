@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trainyard.yaml_source import Loc, SourceDocument
+from trainyard.config.yaml_source import Loc, SourceDocument
 
 # old location -> new location (both two or three keys deep)
 RENAMED: tuple[tuple[Loc, Loc], ...] = (
