@@ -224,200 +224,210 @@ class Watchdog(threading.Thread):
         self._stop.set()
 
 
-def make_handler(registry: ModelRegistry, limits: Limits, watchdog: Watchdog) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "trainyard-serving"
+def announced_size(length: str | None) -> int:
+    """The body size a Content-Length header announces: 411 without one, 400 for anything but digits. A 5,000-digit
+    length is not converted: it is over any limit."""
+    if length is None:
+        raise ApiError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
+    digits = length.strip()
+    if not (digits.isascii() and digits.isdigit()):
+        raise ApiError(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
+    return int(digits) if len(digits) <= MAX_LENGTH_DIGITS else 10 ** MAX_LENGTH_DIGITS
 
-        def version_string(self) -> str:
-            """The `Server` header: the product, not the Python version behind it."""
-            return self.server_version
 
-        def setup(self) -> None:
-            super().setup()
-            try:  # the kernel holds at most about this much of an answer a client is not reading
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limits.max_unsent_bytes)
-            except OSError:
-                pass
+def parse_json(raw: bytes, max_depth: int) -> Any:
+    """A request body as JSON, its depth checked before the parser sees it; every way it can be wrong is a 400."""
+    depth = json_depth(raw, max_depth)
+    if depth > max_depth:
+        raise predict.BadRequest(f"JSON nested {depth} levels deep, more than the limit of {max_depth}")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise predict.BadRequest(f"JSON Parse error: {exc}") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (Python's conversion limit)
+        raise predict.BadRequest(f"a number in the body is too long to convert: {exc}") from None
 
-        def finish(self) -> None:
-            try:
-                super().finish()
-            except OSError:
-                pass
-            watchdog.forget(self.connection)
 
-        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-            """http.server's own errors (a malformed request line, headers too long, an unknown method) as JSON;
-            a request cut short by its header deadline is a 408, whatever its partial text looked like."""
-            status = HTTPStatus(code)
-            if watchdog.expired(self.connection):
-                status, message = HTTPStatus.REQUEST_TIMEOUT, (f"the request did not arrive within "
-                                                               f"{limits.header_timeout:g} s")
-            if self.request_version in ("", "HTTP/0.9"):
-                self.request_version = "HTTP/1.1"  # answer with a status line and headers, never bare
+class ApiHandler(BaseHTTPRequestHandler):
+    """The requests of one connection. `self.server` is the `Server`: the model registry, the limits and the
+    watchdog that enforces the deadlines."""
+
+    server: Server
+    protocol_version = "HTTP/1.1"
+    server_version = "trainyard-serving"
+
+    def version_string(self) -> str:
+        """The `Server` header: the product, not the Python version behind it."""
+        return self.server_version
+
+    def setup(self) -> None:
+        super().setup()
+        try:  # the kernel holds at most about this much of an answer a client is not reading
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.server.limits.max_unsent_bytes)
+        except OSError:
+            pass
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except OSError:
+            pass
+        self.server.watchdog.forget(self.connection)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own errors (a malformed request line, headers too long, an unknown method) as JSON;
+        a request cut short by its header deadline is a 408, whatever its partial text looked like."""
+        status = HTTPStatus(code)
+        if self.server.watchdog.expired(self.connection):
+            status, message = HTTPStatus.REQUEST_TIMEOUT, (f"the request did not arrive within "
+                                                           f"{self.server.limits.header_timeout:g} s")
+        if self.request_version in ("", "HTTP/0.9"):
+            self.request_version = "HTTP/1.1"  # answer with a status line and headers, never bare
+        self.close_connection = True
+        self._send(status, {"error": message or status.phrase})
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if self.server.watchdog.expired(self.connection):  # the headers were cut off by their deadline
+            self.send_error(HTTPStatus.REQUEST_TIMEOUT)
+            return False
+        return True
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def handle_one_request(self) -> None:
+        """The request line and headers (or, kept alive, the next request) within `header_timeout`."""
+        self.server.watchdog.arm(self.connection, self.server.limits.header_timeout)
+        try:
+            super().handle_one_request()
+        except CLIENT_GONE:
             self.close_connection = True
-            self._send(status, {"error": message or status.phrase})
+        except OSError as exc:  # closed by the watchdog mid-read
+            log.debug("connection from %s closed: %s", self.address_string(), exc)
+            self.close_connection = True
+        finally:
+            self.server.watchdog.disarm(self.connection)
 
-        def parse_request(self) -> bool:
-            if not super().parse_request():
-                return False
-            if watchdog.expired(self.connection):  # the headers were cut off by their deadline
-                self.send_error(HTTPStatus.REQUEST_TIMEOUT)
-                return False
-            return True
+    def _send(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
+        """Write the answer within `write_timeout`; a client that does not take it in time is dropped."""
+        data = json.dumps(payload).encode()
+        self.server.watchdog.arm(self.connection, self.server.limits.write_timeout, writing=True)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError as exc:  # the client left, or did not read its answer in time (the watchdog shut it)
+            log.debug("client %s did not take its answer: %s", self.address_string(), type(exc).__name__)
+            self.close_connection = True
+        finally:
+            self.server.watchdog.disarm(self.connection)
+            if len(data) >= LARGE_ANSWER:
+                SERVED.large_answer = True
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
-            log.debug("%s %s", self.address_string(), format % args)
+    def _route(self) -> tuple[str, int | None, str]:
+        match = PATH.match(self.path.split("?", 1)[0])
+        if not match:
+            raise ApiError(HTTPStatus.NOT_FOUND, f"Malformed request: {self.command} {self.path}")
+        if match["label"]:
+            raise predict.BadRequest(unknown_label(match["label"]))
+        version = int(match["version"]) if match["version"] else None
+        return match["model"], version, match["rest"] or ""
 
-        def handle_one_request(self) -> None:
-            """The request line and headers (or, kept alive, the next request) within `header_timeout`."""
-            watchdog.arm(self.connection, limits.header_timeout)
+    def _handle(self, handler: Any) -> None:
+        try:
+            self._send(HTTPStatus.OK, handler())
+        except ApiError as exc:
+            self._send(exc.status, {"error": str(exc)})
+        except NotFound as exc:
+            self._send(HTTPStatus.NOT_FOUND, {"error": str(exc)})
+        except predict.BadRequest as exc:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+        except RecursionError:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": "JSON nested too deeply"})
+        except CLIENT_GONE:
+            self.close_connection = True
+        except Exception as exc:  # never let a request kill the server
+            log.exception("request failed")
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {exc}"})
+
+    def _discard(self, size: int) -> None:
+        """Read and drop an oversized body (up to DRAIN_CAP, within `body_timeout`) so the client can read our
+        413, not an EPIPE."""
+        self.server.watchdog.arm(self.connection, self.server.limits.body_timeout)
+        left = min(size, DRAIN_CAP)
+        try:
+            while left > 0:
+                chunk = self.rfile.read1(min(left, 1 << 16))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except OSError:
+            pass
+        finally:
+            self.server.watchdog.disarm(self.connection)
+
+    def _read_body(self, size: int) -> bytes:
+        """Exactly `size` bytes within `body_timeout`; a short or slow body is refused, never processed."""
+        self.server.watchdog.arm(self.connection, self.server.limits.body_timeout)
+        chunks, left, started = [], size, time.monotonic()
+        try:
+            while left > 0:
+                chunk = self.rfile.read1(min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+        except OSError:
+            left = left or 1
+        finally:
+            self.server.watchdog.disarm(self.connection)
+        if left:
+            self.close_connection = True
+            if time.monotonic() - started >= self.server.limits.body_timeout:
+                raise ApiError(HTTPStatus.REQUEST_TIMEOUT,
+                               f"the body did not arrive within {self.server.limits.body_timeout:g} s")
+            raise predict.BadRequest(f"the body ended after {size - left} of the {size} bytes its "
+                                     "Content-Length announced")
+        return b"".join(chunks)
+
+    def do_GET(self) -> None:  # noqa: N802
+        def answer() -> dict[str, Any]:
+            model, version, rest = self._route()
+            if rest == ":predict":
+                raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, "predict needs POST")
+            if rest == "/metadata":
+                return metadata_body(self.server.registry, model, version)
+            return status_body(self.server.registry, model, version)
+
+        self._handle(answer)
+
+    def do_POST(self) -> None:  # noqa: N802
+        def answer() -> dict[str, Any]:
+            limits = self.server.limits
             try:
-                super().handle_one_request()
-            except CLIENT_GONE:
+                size = announced_size(self.headers.get("Content-Length"))
+            except ApiError:
                 self.close_connection = True
-            except OSError as exc:  # closed by the watchdog mid-read
-                log.debug("connection from %s closed: %s", self.address_string(), exc)
+                raise
+            if size > limits.max_body_bytes:
+                self._discard(size)
                 self.close_connection = True
-            finally:
-                watchdog.disarm(self.connection)
+                raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                               f"request body of {size} bytes is larger than the limit of {limits.max_body_bytes}")
+            raw = self._read_body(size)
+            model, version, rest = self._route()
+            if rest != ":predict":
+                raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, f"POST is only for :predict (got {self.path})")
+            body = parse_json(raw, limits.max_json_depth)
+            return predict_body(self.server.registry, model, version, body, limits, b"true" in raw or b"false" in raw)
 
-        def _send(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
-            """Write the answer within `write_timeout`; a client that does not take it in time is dropped."""
-            data = json.dumps(payload).encode()
-            watchdog.arm(self.connection, limits.write_timeout, writing=True)
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                if self.close_connection:
-                    self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(data)
-            except OSError as exc:  # the client left, or did not read its answer in time (the watchdog shut it)
-                log.debug("client %s did not take its answer: %s", self.address_string(), type(exc).__name__)
-                self.close_connection = True
-            finally:
-                watchdog.disarm(self.connection)
-                if len(data) >= LARGE_ANSWER:
-                    SERVED.large_answer = True
-
-        def _route(self) -> tuple[str, int | None, str]:
-            match = PATH.match(self.path.split("?", 1)[0])
-            if not match:
-                raise ApiError(HTTPStatus.NOT_FOUND, f"Malformed request: {self.command} {self.path}")
-            if match["label"]:
-                raise predict.BadRequest(unknown_label(match["label"]))
-            version = int(match["version"]) if match["version"] else None
-            return match["model"], version, match["rest"] or ""
-
-        def _handle(self, handler: Any) -> None:
-            try:
-                self._send(HTTPStatus.OK, handler())
-            except ApiError as exc:
-                self._send(exc.status, {"error": str(exc)})
-            except NotFound as exc:
-                self._send(HTTPStatus.NOT_FOUND, {"error": str(exc)})
-            except predict.BadRequest as exc:
-                self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-            except RecursionError:
-                self._send(HTTPStatus.BAD_REQUEST, {"error": "JSON nested too deeply"})
-            except CLIENT_GONE:
-                self.close_connection = True
-            except Exception as exc:  # never let a request kill the server
-                log.exception("request failed")
-                self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {exc}"})
-
-        def _discard(self, size: int) -> None:
-            """Read and drop an oversized body (up to DRAIN_CAP, within `body_timeout`) so the client can read our
-            413, not an EPIPE."""
-            watchdog.arm(self.connection, limits.body_timeout)
-            left = min(size, DRAIN_CAP)
-            try:
-                while left > 0:
-                    chunk = self.rfile.read1(min(left, 1 << 16))
-                    if not chunk:
-                        break
-                    left -= len(chunk)
-            except OSError:
-                pass
-            finally:
-                watchdog.disarm(self.connection)
-
-        def _read_body(self, size: int) -> bytes:
-            """Exactly `size` bytes within `body_timeout`; a short or slow body is refused, never processed."""
-            watchdog.arm(self.connection, limits.body_timeout)
-            chunks, left, started = [], size, time.monotonic()
-            try:
-                while left > 0:
-                    chunk = self.rfile.read1(min(left, 1 << 20))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    left -= len(chunk)
-            except OSError:
-                left = left or 1
-            finally:
-                watchdog.disarm(self.connection)
-            if left:
-                self.close_connection = True
-                if time.monotonic() - started >= limits.body_timeout:
-                    raise ApiError(HTTPStatus.REQUEST_TIMEOUT,
-                                   f"the body did not arrive within {limits.body_timeout:g} s")
-                raise predict.BadRequest(f"the body ended after {size - left} of the {size} bytes its "
-                                         "Content-Length announced")
-            return b"".join(chunks)
-
-        def do_GET(self) -> None:  # noqa: N802
-            def answer() -> dict[str, Any]:
-                model, version, rest = self._route()
-                if rest == ":predict":
-                    raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, "predict needs POST")
-                if rest == "/metadata":
-                    return metadata_body(registry, model, version)
-                return status_body(registry, model, version)
-
-            self._handle(answer)
-
-        def do_POST(self) -> None:  # noqa: N802
-            def answer() -> dict[str, Any]:
-                length = self.headers.get("Content-Length")
-                if length is None:
-                    self.close_connection = True
-                    raise ApiError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
-                digits = length.strip()
-                if not (digits.isascii() and digits.isdigit()):
-                    size = -1
-                else:  # a 5,000-digit length is not converted: it is over any limit
-                    size = int(digits) if len(digits) <= MAX_LENGTH_DIGITS else 10 ** MAX_LENGTH_DIGITS
-                if size < 0:
-                    self.close_connection = True
-                    raise ApiError(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
-                if size > limits.max_body_bytes:
-                    self._discard(size)
-                    self.close_connection = True
-                    raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                   f"request body of {size} bytes is larger than the limit of {limits.max_body_bytes}")
-                raw = self._read_body(size)
-                model, version, rest = self._route()
-                if rest != ":predict":
-                    raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, f"POST is only for :predict (got {self.path})")
-                depth = json_depth(raw, limits.max_json_depth)
-                if depth > limits.max_json_depth:
-                    raise predict.BadRequest(f"JSON nested {depth} levels deep, more than the limit of "
-                                             f"{limits.max_json_depth}")
-                try:
-                    body = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-                    raise predict.BadRequest(f"JSON Parse error: {exc}") from None
-                except ValueError as exc:  # an integer of more than 4,300 digits (Python's conversion limit)
-                    raise predict.BadRequest(f"a number in the body is too long to convert: {exc}") from None
-                return predict_body(registry, model, version, body, limits, b"true" in raw or b"false" in raw)
-
-            self._handle(answer)
-
-    return Handler
+        self._handle(answer)
 
 
 class Server(ThreadingHTTPServer):
@@ -426,11 +436,12 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], registry: ModelRegistry, limits: Limits):
+        self.registry = registry
         self.limits = limits
         self.request_queue_size = limits.listen_backlog
         self.watchdog = Watchdog()
         self._open = threading.BoundedSemaphore(limits.max_connections)
-        super().__init__(address, make_handler(registry, limits, self.watchdog))
+        super().__init__(address, ApiHandler)
         self.watchdog.start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
