@@ -15,6 +15,7 @@ import importlib
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,10 +227,9 @@ def _train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schem
            checkpoint_dir: Path | None = None) -> tuple[TrainResult, keras.Model]:
     training = config.training
     strategy = make_strategy(training.strategy, task)
-    prepared = run_dir / layout.PREPARED
     with strategy.scope():
         parts = build(config, schema)
-        model, loss_object, optimizer = parts.model, parts.loss, parts.optimizer
+        model, optimizer = parts.model, parts.optimizer
         # lookup tables created under the scope: parameter-server training gives each worker its own copy
         transform = FeatureTransform(schema)
         ensure_built(model, transform, schema)
@@ -244,6 +244,29 @@ def _train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schem
         log.info("restored checkpoint %s: resuming at step %d", restored, start_step)
     writer = tf.summary.create_file_writer(str(run_dir / layout.TENSORBOARD_TRAIN))
     batch = training.batch_size
+    run_calls = compiled_steps(strategy, parts, schema, batch)
+    started = time.monotonic()
+
+    def dataset() -> tf.data.Dataset:
+        return make_dataset(run_dir / layout.PREPARED, "train", batch, repeat=True, shuffle_seed=None, schema=schema,
+                            transform=transform)
+
+    def interval_done(current: int, interval_losses: list[float]) -> None:
+        _after_interval(current, interval_losses, started, start_step, batch, step, manager, writer)
+
+    loop = run_on_parameter_servers if training.strategy == "parameter_server" else run_in_process
+    current, losses = loop(strategy, run_calls, dataset, config, start_step, interval_done)
+    seconds = time.monotonic() - started
+    trained = current - start_step  # one batch per step, whichever worker ran it
+    return TrainResult(steps=current, resumed_from_step=start_step, seconds=round(seconds, 3),
+                       examples_per_second=round(trained * batch / max(seconds, 1e-9), 1),
+                       final_loss=round(losses[-1], 6) if losses else None), model
+
+
+def compiled_steps(strategy: tf.distribute.Strategy, parts: ModelParts, schema: ModelSchema, batch: int) -> Any:
+    """`run_calls(iterator, count)`: `count` training steps in one compiled call (on one worker, for
+    parameter_server), returning their mean loss."""
+    model, loss_object, optimizer = parts.model, parts.loss, parts.optimizer
 
     def replica_step(features: dict[str, tf.Tensor], labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
@@ -257,68 +280,74 @@ def _train(config: PipelineConfig, run_dir: Path, task: TaskConfig | None, schem
 
     @tf.function
     def run_calls(iterator: Any, count: tf.Tensor) -> tf.Tensor:
-        """`count` steps in one compiled call (on one worker, for parameter_server): their mean loss."""
         total = tf.constant(0.0)
         for _ in tf.range(count):
             features, labels = next(iterator)
             total += strategy.reduce("SUM", strategy.run(replica_step, args=(features, labels)), axis=None)
         return total / tf.cast(count, tf.float32)
 
+    return run_calls
+
+
+def intervals(start_step: int, steps: int, every: int) -> list[tuple[int, int]]:
+    """The checkpoint intervals left: (steps in it, step reached at its end). From 150 to 500 by 200 ->
+    [(200, 350), (150, 500)]."""
+    out, current = [], start_step
+    while current < steps:
+        chunk = min(every, steps - current)
+        current += chunk
+        out.append((chunk, current))
+    return out
+
+
+def run_on_parameter_servers(strategy: tf.distribute.Strategy, run_calls: Any, dataset: Callable[[], Any],
+                             config: PipelineConfig, start_step: int,
+                             interval_done: Callable[[int, list[float]], None]) -> tuple[int, list[float]]:
+    """The chief's loop under ParameterServerStrategy: steps scheduled on the workers through a
+    ClusterCoordinator, a checkpoint after each interval. Returns the step reached and the losses read back."""
+    training = config.training
     started = time.monotonic()
-    losses: list[float] = []
-    current = start_step
-    every = training.checkpoint_every_steps
-    per_call = training.steps_per_execution
-    if training.strategy == "parameter_server":
-        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    iterator = iter(coordinator.create_per_worker_dataset(dataset))
 
-        def per_worker_dataset_fn() -> tf.data.Dataset:
-            return make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema,
-                                transform=transform)
+    def run_steps(count: int) -> list[float]:
+        """Schedule `count` steps in calls of up to `steps_per_execution`, wait for all of them, then read the
+        last losses back.
 
-        iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+        Results are fetched only once no step is in flight: in TF 2.21 a fetch from the main thread while
+        the coordinator's threads dispatch steps once sent a worker a request with a corrupted device name
+        ("Unable to parse request"), which failed the chief.
+        """
+        pending = [coordinator.schedule(run_calls, args=(iterator, tf.constant(n, tf.int32)))
+                   for n in calls_of(count, training.steps_per_execution)]
+        coordinator.join()
+        return [fetch_loss(r) for r in pending[-10:]]
 
-        def run_steps(count: int) -> list[float]:
-            """Schedule `count` steps in calls of up to `per_call`, wait for all of them, then read the last
-            losses back.
+    current, losses = start_step, []
+    for chunk, current in intervals(start_step, training.steps, training.checkpoint_every_steps):
+        first: list[float] = []
+        if current - chunk == start_step:  # one step alone first: the log then says how long start-up took
+            first = run_steps(1)
+            log.info("first step done %.1f s after the coordinator started", time.monotonic() - started)
+        interval_losses = (first + run_steps(chunk - len(first)))[-10:]
+        losses.extend(interval_losses)
+        interval_done(current, interval_losses)
+    return current, losses
 
-            Results are fetched only once no step is in flight: in TF 2.21 a fetch from the main thread while
-            the coordinator's threads dispatch steps once sent a worker a request with a corrupted device name
-            ("Unable to parse request"), which failed the chief.
-            """
-            pending = [coordinator.schedule(run_calls, args=(iterator, tf.constant(n, tf.int32)))
-                       for n in calls_of(count, per_call)]
-            coordinator.join()
-            return [fetch_loss(r) for r in pending[-10:]]
 
-        while current < training.steps:
-            chunk = min(every, training.steps - current)
-            interval_losses: list[float] = []
-            if current == start_step:  # one step alone first: the log then says how long start-up took
-                interval_losses = run_steps(1)
-                log.info("first step done %.1f s after the coordinator started", time.monotonic() - started)
-            interval_losses = (interval_losses + run_steps(chunk - (current == start_step)))[-10:]
-            current += chunk
-            losses.extend(interval_losses)
-            _after_interval(current, interval_losses, started, start_step, batch, step, manager, writer)
-    else:
-        dataset = strategy.experimental_distribute_dataset(
-            make_dataset(prepared, "train", batch, repeat=True, shuffle_seed=None, schema=schema,
-                         transform=transform))
-        iterator = iter(dataset)
-
-        while current < training.steps:
-            chunk = min(every, training.steps - current)
-            interval_losses = [float(run_calls(iterator, tf.constant(n, tf.int32)))
-                               for n in calls_of(chunk, per_call)]
-            current += chunk
-            losses.extend(interval_losses[-10:])
-            _after_interval(current, interval_losses[-10:], started, start_step, batch, step, manager, writer)
-    seconds = time.monotonic() - started
-    trained = current - start_step  # one batch per step, whichever worker ran it
-    return TrainResult(steps=current, resumed_from_step=start_step, seconds=round(seconds, 3),
-                       examples_per_second=round(trained * batch / max(seconds, 1e-9), 1),
-                       final_loss=round(losses[-1], 6) if losses else None), model
+def run_in_process(strategy: tf.distribute.Strategy, run_calls: Any, dataset: Callable[[], Any],
+                   config: PipelineConfig, start_step: int,
+                   interval_done: Callable[[int, list[float]], None]) -> tuple[int, list[float]]:
+    """The loop of every other strategy: each process runs its steps on a distributed dataset."""
+    training = config.training
+    iterator = iter(strategy.experimental_distribute_dataset(dataset()))
+    current, losses = start_step, []
+    for chunk, current in intervals(start_step, training.steps, training.checkpoint_every_steps):
+        interval_losses = [float(run_calls(iterator, tf.constant(n, tf.int32)))
+                           for n in calls_of(chunk, training.steps_per_execution)][-10:]
+        losses.extend(interval_losses)
+        interval_done(current, interval_losses)
+    return current, losses
 
 
 def calls_of(steps: int, per_call: int) -> list[int]:

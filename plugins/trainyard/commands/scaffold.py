@@ -134,22 +134,40 @@ def infer(sample: Path, label: str, task: str | None = None) -> tuple[list[str],
     if frame.empty:
         raise ScaffoldError(f"{sample}: has a header but no rows; give a sample with data")
     frame.columns = [str(c) for c in frame.columns]
-    unusable = [c for c in frame.columns if not COLUMN.match(c) and not valid_source_column(c)]
-    if unusable:
-        raise ScaffoldError(f"{sample}: column name(s) {[c[:60] for c in unusable[:5]]} cannot be a source_column "
-                            f"(a comma, a control character, nothing but spaces, or over {SOURCE_COLUMN_MAX} "
-                            "characters): rename them in the file")
-    names = served_names(list(frame.columns))
-    if label not in frame.columns:
-        close = [c for c in frame.columns if c.lower() == label.lower()]
-        hint = f"; did you mean {close[0]!r}?" if close else f"; columns: {list(frame.columns)[:10]}"
-        raise ScaffoldError(f"{sample}: no column {label!r} to use as the label{hint}")
+    names = checked_names(sample, frame, label)
     notes: list[str] = []
     mapped = [c for c in frame.columns if names[c] != c]
     if mapped:
         notes.append(f"{len(mapped)} column name(s) are not identifiers and are served under one: "
                      + ", ".join(f"{c!r} -> {names[c]}" for c in mapped[:5])
                      + (" ..." if len(mapped) > 5 else "") + " (source_column in the config)")
+    features = feature_lines(frame, label, names, notes)
+    if not features:
+        raise ScaffoldError(f"{sample}: no feature column besides the label {label!r} has two or more values")
+    label_lines = label_section(frame, label, names, task, notes)
+    notes.append("feature ranges are the sample's min and max: widen them in the config if later data may exceed "
+                 "them")
+    return features, label_lines, notes, len(frame), data_format
+
+
+def checked_names(sample: Path, frame: Any, label: str) -> dict[str, str]:
+    """Each column's served name; a column no `source_column` can name, or a label that is not a column, is an
+    error that says what to change."""
+    unusable = [c for c in frame.columns if not COLUMN.match(c) and not valid_source_column(c)]
+    if unusable:
+        raise ScaffoldError(f"{sample}: column name(s) {[c[:60] for c in unusable[:5]]} cannot be a source_column "
+                            f"(a comma, a control character, nothing but spaces, or over {SOURCE_COLUMN_MAX} "
+                            "characters): rename them in the file")
+    if label not in frame.columns:
+        close = [c for c in frame.columns if c.lower() == label.lower()]
+        hint = f"; did you mean {close[0]!r}?" if close else f"; columns: {list(frame.columns)[:10]}"
+        raise ScaffoldError(f"{sample}: no column {label!r} to use as the label{hint}")
+    return served_names(list(frame.columns))
+
+
+def feature_lines(frame: Any, label: str, names: dict[str, str], notes: list[str]) -> list[str]:
+    """One config line per usable feature column (numbers with the sample's range, text as categorical); a column
+    left out gets a note saying why."""
     features: list[str] = []
     for column_name in frame.columns:
         if column_name == label:
@@ -173,16 +191,17 @@ def infer(sample: Path, label: str, task: str | None = None) -> tuple[list[str],
         parts = [f"name: {names[column_name]}", f"dtype: {dtype}",
                  f"min: {yaml_value(float(column.min()))}", f"max: {yaml_value(float(column.max()))}"]
         features.append("    - {" + ", ".join(parts) + source + nullable + "}")
-    if not features:
-        raise ScaffoldError(f"{sample}: no feature column besides the label {label!r} has two or more values")
+    return features
+
+
+def label_section(frame: Any, label: str, names: dict[str, str], task: str | None, notes: list[str]) -> list[str]:
+    """The config's `label:` lines: a regression target, or a classifier's classes (whole numbers or text)."""
     values = frame[label].dropna()
     label_lines = [f"    name: {names[label]}"]
     if names[label] != label:
         label_lines.append(f"    source_column: {yaml_value(label)}")
     if frame[label].isna().any():
         notes.append(f"the sample has rows without a {label!r} value: validation will reject such rows")
-    ranges = ("feature ranges are the sample's min and max: widen them in the config if later data may exceed "
-              "them")
     numeric = values.dtype.kind in "biuf"
     whole = numeric and bool((values == values.round()).all())
     if task == "regression" or (task is None and numeric and not whole):
@@ -191,8 +210,7 @@ def infer(sample: Path, label: str, task: str | None = None) -> tuple[list[str],
                                 "(use --task classification)")
         notes.append(f"label {label!r}: a regression pipeline (task: regression): "
                      + ("--task asked for it" if task else "its values are not all whole numbers"))
-        notes.append(ranges)
-        return features, [*label_lines, "    task: regression"], notes, len(frame), data_format
+        return [*label_lines, "    task: regression"]
     if numeric and not whole:
         raise ScaffoldError(f"label {label!r} holds non-integer numbers; a classifier needs whole-number or "
                             "text classes (use --task regression to predict the number)")
@@ -205,8 +223,7 @@ def infer(sample: Path, label: str, task: str | None = None) -> tuple[list[str],
     label_lines.append(f"    classes: [{', '.join(yaml_value(c) for c in classes)}]")
     if text:
         label_lines.append("    dtype: string")
-    notes.append(ranges)
-    return features, label_lines, notes, len(frame), data_format
+    return label_lines
 
 
 def config_text(name: str, features: list[str], label: list[str], rows: int, source: str,

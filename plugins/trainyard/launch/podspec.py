@@ -124,22 +124,6 @@ def build_pod(
 ) -> k8s.V1Pod:
     """One pod for one container of a stage; `placement` says in words which nodes it needs (its
     `trainyard.io/placement` annotation, quoted when the pod cannot be scheduled)."""
-    volume = config.kubernetes.volume
-    container = k8s.V1Container(
-        name=spec.role,
-        image=spec.image,
-        image_pull_policy="IfNotPresent",
-        command=list(spec.command),
-        args=list(spec.args),
-        env=env_vars(config, spec),
-        resources=resource_requirements(spec.resources),
-        security_context=restricted_security_context(),
-        volume_mounts=[
-            k8s.V1VolumeMount(name=VOLUME_NAME, mount_path=volume.mount_path, read_only=read_only_volume),
-            k8s.V1VolumeMount(name=SCRATCH_NAME, mount_path=SCRATCH_PATH),
-            k8s.V1VolumeMount(name="xcom", mount_path=XCOM_DIR),
-        ],
-    )
     return k8s.V1Pod(
         api_version="v1",
         kind="Pod",
@@ -164,19 +148,42 @@ def build_pod(
             image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.kubernetes.image_pull_secrets]
             or None,
             security_context=restricted_pod_security_context(),
-            containers=[container],
-            volumes=[
-                k8s.V1Volume(
-                    name=VOLUME_NAME,
-                    persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
-                        claim_name=volume.claim, read_only=read_only_volume
-                    ),
-                ),
-                k8s.V1Volume(name=SCRATCH_NAME, empty_dir=k8s.V1EmptyDirVolumeSource()),
-                k8s.V1Volume(name="xcom", empty_dir=k8s.V1EmptyDirVolumeSource()),
-            ],
+            containers=[stage_container_object(config, spec, read_only_volume)],
+            volumes=stage_volumes(config, read_only_volume),
         ),
     )
+
+
+def stage_container_object(config: PipelineConfig, spec: ContainerSpec, read_only_volume: bool) -> k8s.V1Container:
+    """The pod's one container: the spec's image, command, env and resources, hardened, with the shared volume,
+    scratch and xcom mounted."""
+    return k8s.V1Container(
+        name=spec.role,
+        image=spec.image,
+        image_pull_policy="IfNotPresent",
+        command=list(spec.command),
+        args=list(spec.args),
+        env=env_vars(config, spec),
+        resources=resource_requirements(spec.resources),
+        security_context=restricted_security_context(),
+        volume_mounts=[
+            k8s.V1VolumeMount(name=VOLUME_NAME, mount_path=config.kubernetes.volume.mount_path,
+                              read_only=read_only_volume),
+            k8s.V1VolumeMount(name=SCRATCH_NAME, mount_path=SCRATCH_PATH),
+            k8s.V1VolumeMount(name="xcom", mount_path=XCOM_DIR),
+        ],
+    )
+
+
+def stage_volumes(config: PipelineConfig, read_only_volume: bool) -> list[k8s.V1Volume]:
+    """The shared PVC (read-only where the stage only reads), and the scratch and xcom emptyDirs."""
+    claim = k8s.V1PersistentVolumeClaimVolumeSource(claim_name=config.kubernetes.volume.claim,
+                                                    read_only=read_only_volume)
+    return [
+        k8s.V1Volume(name=VOLUME_NAME, persistent_volume_claim=claim),
+        k8s.V1Volume(name=SCRATCH_NAME, empty_dir=k8s.V1EmptyDirVolumeSource()),
+        k8s.V1Volume(name="xcom", empty_dir=k8s.V1EmptyDirVolumeSource()),
+    ]
 
 
 def stage_pod_name(config: PipelineConfig, run: RunContext, spec: ContainerSpec) -> str:
