@@ -32,11 +32,12 @@ from trainyard_contract import artifacts, layout
 from trainyard_contract.artifacts import PreparedManifest
 from trainyard_contract.atomic import staged_dir, write_json
 from trainyard_contract.runtime import StageError, log
-from trainyard_contract.schema import DataConfig, Feature, PipelineConfig
+from trainyard_contract.schema import DataConfig, Feature, Label, PipelineConfig
 from trainyard_prep.encoding import ExampleEncoder
 from trainyard_prep.groups import group_entries, load_group_parts, load_groups
 from trainyard_prep.progress import Progress, combined_throughput
 from trainyard_prep.readers import chunks_of_files, prefetched, text_columns
+from trainyard_prep.tfrecord import TFRecordFile
 
 HASH_BUCKETS = 10_000
 PARTIALS = "partials.json"  # a group's per-file partial statistics and per-shard row counts
@@ -318,23 +319,11 @@ def prepare_files(run_dir: Path, config: PipelineConfig, entries: list[dict[str,
                 is_eval, shard = split_and_shard(frame, split.seed, split.eval_fraction, data.shards.train,
                                                  data.shards.eval)
             with progress.phase("statistics"):
-                train_rows = frame[~is_eval]
-                partial.stats.update(train_rows[numeric].to_numpy(dtype=np.float64))
-                partial.vocab.update(train_rows)
-                if label.task == "regression":
-                    partial.label_stats.update(train_rows[[label.name]].to_numpy(dtype=np.float64))
+                add_train_statistics(partial, frame[~is_eval], numeric, label)
             for name, mask in (("train", ~is_eval), ("eval", is_eval)):
-                if not mask.any():
-                    continue
-                part = frame[mask]
-                part_shards = shard[mask]
-                if classes:
-                    partial.label_counts[name] += np.bincount(part[label.name].to_numpy(), minlength=len(classes))
-                for index in np.unique(part_shards):
-                    with progress.phase("encode"):
-                        records = encoder.encode(part[part_shards == index])
-                    with progress.phase("write"):
-                        shard_rows[name][index] += sink_of[name][index].write(records)
+                if mask.any():
+                    write_split(frame[mask], shard[mask], name, len(classes), label.name, partial, encoder,
+                                sink_of[name], shard_rows[name], progress)
             progress.add(rows, nbytes)
             file_rows[file] += rows
         files = [partial.state(entry["source"], rows)
@@ -346,6 +335,29 @@ def prepare_files(run_dir: Path, config: PipelineConfig, entries: list[dict[str,
     summary = {"files": files, "shard_rows": shard_rows, "shard_sha256": shard_sha256, "throughput": progress.done()}
     write_json(out / PARTIALS, summary)
     return summary
+
+
+def add_train_statistics(partial: FilePartials, train_rows: pd.DataFrame, numeric: list[str], label: Label) -> None:
+    """Fold a chunk's training rows into its file's partial statistics: numeric moments, vocabularies, and the
+    label's moments for regression (eval rows never reach the statistics the model is normalised with)."""
+    partial.stats.update(train_rows[numeric].to_numpy(dtype=np.float64))
+    partial.vocab.update(train_rows)
+    if label.task == "regression":
+        partial.label_stats.update(train_rows[[label.name]].to_numpy(dtype=np.float64))
+
+
+def write_split(part: pd.DataFrame, part_shards: np.ndarray, split: str, n_classes: int, label_name: str,
+                partial: FilePartials, encoder: ExampleEncoder, sinks: list[TFRecordFile], rows_per_shard: list[int],
+                progress: Progress) -> None:
+    """Encode one split's rows of a chunk and append them to their shards' files, counting rows per shard and
+    (for classification) per class."""
+    if n_classes:
+        partial.label_counts[split] += np.bincount(part[label_name].to_numpy(), minlength=n_classes)
+    for index in np.unique(part_shards):
+        with progress.phase("encode"):
+            records = encoder.encode(part[part_shards == index])
+        with progress.phase("write"):
+            rows_per_shard[index] += sinks[index].write(records)
 
 
 def join_files(sources: list[Path], target: Path) -> None:

@@ -254,17 +254,7 @@ def evaluate(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str) -
     schema = ModelSchema.from_document(document)  # as exported: vocabularies and train statistics included
     call, signature = load_signature(run_dir / layout.SAVED_MODEL)
     models = {"challenger": Scored(signature, call)}
-    champ = champion(layout.models_dir(volume, config.model_name))
-    if champ is not None:
-        champ["signature"] = None
-        try:
-            champion_call, champ["signature"] = load_signature(Path(champ["path"]))
-        except Exception as exc:  # noqa: BLE001 - a champion that cannot be loaded is reported, not fatal
-            champ["why_not_scored"] = f"its SavedModel cannot be loaded: {type(exc).__name__}: {exc}"[:500]
-        else:
-            champ["why_not_scored"] = cannot_take(champ["signature"], schema)
-            if champ["why_not_scored"] is None:
-                models["champion"] = Scored(champ["signature"], champion_call)
+    champ = load_champion(layout.models_dir(volume, config.model_name), schema, models)
     rows = score_eval_split(prepared, schema, models)
     if models["challenger"].failure is not None:
         raise StageError(f"the exported model fails on its own eval split: {models['challenger'].failure}")
@@ -273,9 +263,8 @@ def evaluate(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str) -
     extras = module_metrics(config, schema)
     wanted = list(config.metric_names)
     ours = ModelScores(schema, labels, models["challenger"], loss)
-    task = schema.task
     take = min(SMOKE_EXAMPLES, len(labels))
-    payload: dict[str, Any] = {"run_id": run_id, "task": task, "eval_rows": int(len(labels)),
+    payload: dict[str, Any] = {"run_id": run_id, "task": schema.task, "eval_rows": int(len(labels)),
                                "loss": {"name": loss.name, "source": loss.source},
                                "challenger": ours.metrics(wanted, extras), "champion": champ,
                                "signature": {"challenger": signature,
@@ -283,16 +272,7 @@ def evaluate(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str) -
                                "comparison": None}
     if champ is not None:
         del champ["signature"], champ["path"]
-        theirs = None
-        if "champion" in models and models["champion"].failure is None:
-            order, why = (champion_class_order(champ, models["champion"], [str(c) for c in schema.label.classes])
-                          if schema.is_classification else (None, ""))
-            if why:
-                champ["why_not_scored"] = why
-            else:
-                theirs = ModelScores(schema, labels, models["champion"], loss, order)
-        elif "champion" in models:
-            champ["why_not_scored"] = models["champion"].failure
+        theirs = score_champion(champ, models.get("champion"), schema, labels, loss)
         if theirs is not None:
             champ.update(scored=True, rows=int(len(labels)), metrics=theirs.metrics(wanted, extras))
             if config.evaluation.change_threshold is not None:
@@ -301,6 +281,54 @@ def evaluate(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str) -
         "inputs": {n: json_values(rows["features"][n][:take]) for n in schema.feature_names},
         "dtypes": {f.name: f.dtype for f in (*schema.numeric, *schema.categorical)},
     }
+    add_task_sections(schema, ours, labels, take, payload, smoke)
+    payload["training_curve"] = training_curve(run_dir / layout.TENSORBOARD_TRAIN)
+    with staged_dir(run_dir / layout.EVAL) as out:
+        artifacts.write(out / layout.METRICS.name, EvalMetrics(**payload))
+        artifacts.write(out / layout.SMOKE_SET.name, SmokeSet(**smoke))
+        (out / layout.REPORT.name).write_text(render_report(config, payload))
+    return payload
+
+
+def load_champion(models_dir: Path, schema: ModelSchema, models: dict[str, Scored]) -> dict[str, Any] | None:
+    """The served champion's record, with its signature and, when it cannot be scored on this eval split, why
+    not; a champion that can be scored is added to `models`. None when nothing is served."""
+    champ = champion(models_dir)
+    if champ is None:
+        return None
+    champ["signature"] = None
+    try:
+        champion_call, champ["signature"] = load_signature(Path(champ["path"]))
+    except Exception as exc:  # noqa: BLE001 - a champion that cannot be loaded is reported, not fatal
+        champ["why_not_scored"] = f"its SavedModel cannot be loaded: {type(exc).__name__}: {exc}"[:500]
+        return champ
+    champ["why_not_scored"] = cannot_take(champ["signature"], schema)
+    if champ["why_not_scored"] is None:
+        models["champion"] = Scored(champ["signature"], champion_call)
+    return champ
+
+
+def score_champion(champ: dict[str, Any], scored: Scored | None, schema: ModelSchema, labels: np.ndarray,
+                   loss: LossFunction) -> ModelScores | None:
+    """The champion's scores on the same rows, or None with the reason in `champ["why_not_scored"]` (it failed
+    on the split, or its classes cannot be matched to ours)."""
+    if scored is None:
+        return None
+    if scored.failure is not None:
+        champ["why_not_scored"] = scored.failure
+        return None
+    order, why = (champion_class_order(champ, scored, [str(c) for c in schema.label.classes])
+                  if schema.is_classification else (None, ""))
+    if why:
+        champ["why_not_scored"] = why
+        return None
+    return ModelScores(schema, labels, scored, loss, order)
+
+
+def add_task_sections(schema: ModelSchema, ours: ModelScores, labels: np.ndarray, take: int,
+                      payload: dict[str, Any], smoke: dict[str, Any]) -> None:
+    """What only one task has: per-class figures and a confusion matrix, or residuals and a scatter sample; and
+    the smoke set's expected classes and probabilities, or predictions."""
     if schema.is_classification:
         scores = ours.scores()
         assert isinstance(scores, ClassificationScores)
@@ -308,18 +336,12 @@ def evaluate(config: PipelineConfig, volume: Path, run_dir: Path, run_id: str) -
         payload["confusion_matrix"] = scores.matrix.tolist()
         smoke["class_ids"] = ours.outputs[:take].argmax(axis=1).tolist()
         smoke["probabilities"] = ours.outputs[:take].tolist()
-    else:
-        predictions = ours.outputs
-        residuals = predictions - labels.astype(np.float64)
-        payload["residuals"] = {"mean": float(residuals.mean()), "std": float(residuals.std()),
-                                "max_abs": float(np.abs(residuals).max())}
-        every = max(1, len(labels) // SCATTER_POINTS)
-        payload["scatter"] = [[float(a), float(p)] for a, p in zip(labels[::every], predictions[::every],
-                                                                   strict=True)][:SCATTER_POINTS]
-        smoke["predictions"] = predictions[:take].astype(float).tolist()
-    payload["training_curve"] = training_curve(run_dir / layout.TENSORBOARD_TRAIN)
-    with staged_dir(run_dir / layout.EVAL) as out:
-        artifacts.write(out / layout.METRICS.name, EvalMetrics(**payload))
-        artifacts.write(out / layout.SMOKE_SET.name, SmokeSet(**smoke))
-        (out / layout.REPORT.name).write_text(render_report(config, payload))
-    return payload
+        return
+    predictions = ours.outputs
+    residuals = predictions - labels.astype(np.float64)
+    payload["residuals"] = {"mean": float(residuals.mean()), "std": float(residuals.std()),
+                            "max_abs": float(np.abs(residuals).max())}
+    every = max(1, len(labels) // SCATTER_POINTS)
+    payload["scatter"] = [[float(a), float(p)] for a, p in zip(labels[::every], predictions[::every],
+                                                               strict=True)][:SCATTER_POINTS]
+    smoke["predictions"] = predictions[:take].astype(float).tolist()
