@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard_contract.atomic import write_json
+from trainyard_contract.results import StageResult
 from trainyard_contract.schema import PipelineConfig
 
 log = logging.getLogger("trainyard")
@@ -219,14 +220,15 @@ def load_config() -> PipelineConfig:
         raise StageError(f"{CONFIG_ENV} is not a config this image accepts: {exc}") from None
 
 
-Outcome = dict[str, Any] | int | None
+Outcome = StageResult | dict[str, Any] | int | None
 
 
 @dataclass(frozen=True)
 class Command:
     """One sub-command of an image's entrypoint (the name is the parser's sub-command, the key in `COMMANDS`).
 
-    `run(args, config)` returns the stage's result (a dict: written as its result and logged), None (success, no
+    `run(args, config)` returns the stage's result (a `StageResult`, or a dict of figures: written as its result
+    and logged), None (success, no
     result: a training job's non-chief worker) or an exit code (a server that reports in its own way). `config` is
     the run's config from the pod env, or None for a command that `needs_config=False` (a server, `check-configs`)."""
 
@@ -258,6 +260,8 @@ def stage_main(parser: argparse.ArgumentParser, commands: Mapping[str, Command],
             return report_error(f"{args.command} {exc.outcome}: {exc}", exc.exit_code)
         if isinstance(outcome, int):
             return outcome
+        if isinstance(outcome, StageResult):
+            outcome = outcome.payload()
         if outcome is not None:
             write_result(args.xcom, outcome)
             log.info("%s succeeded: %s", args.command, outcome)

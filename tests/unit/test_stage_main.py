@@ -74,9 +74,14 @@ ENTRYPOINT = textwrap.dedent("""
     def quiet(args, config):
         return None
 
+    def typed(args, config):
+        from trainyard_contract.results import DecideResult
+        return DecideResult(deploy=False, reasons=["worse"])
+
     commands = {"bad": Command(bad, needs_config=False), "bug": Command(bug, needs_config=False),
                 "rolled_back": Command(rolled_back, needs_config=False), "full": Command(full, needs_config=False),
-                "ok": Command(ok), "quiet": Command(quiet, needs_config=False)}
+                "ok": Command(ok), "quiet": Command(quiet, needs_config=False),
+                "typed": Command(typed, needs_config=False)}
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
     for name in commands:
@@ -120,6 +125,12 @@ def test_a_result_is_written_and_printed_once(tmp_path: Path) -> None:
     assert [json.loads(line[len(RESULT_MARKER):]) for line in markers] == [{"pipeline": "p", "rows": 3}]
     quiet = run_entrypoint("quiet", tmp_path / "q")
     assert quiet.returncode == 0 and RESULT_MARKER not in quiet.stdout
+
+
+def test_a_typed_result_is_written_as_what_the_stage_set(tmp_path: Path) -> None:
+    done = run_entrypoint("typed", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((tmp_path / "return.json").read_text()) == {"deploy": False, "reasons": ["worse"]}
 
 
 @pytest.mark.parametrize(("config", "says"), [

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from trainyard_contract import layout
+from trainyard_contract.results import PinResult
 from trainyard_contract.runtime import (
     Command,
     StageError,
@@ -82,7 +83,7 @@ def prepare(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
     return prepared_result(args, prepare(args.run_dir, config, load_manifest(args.run_dir)))
 
 
-def pin(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
+def pin(args: argparse.Namespace, config: PipelineConfig) -> PinResult:
     from trainyard_prep.groups import write_groups
     from trainyard_prep.inputs import pin_inputs
 
@@ -90,8 +91,8 @@ def pin(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
     groups = write_groups(args.run_dir, manifest, config.prep.parallelism)
     for group in groups["groups"]:
         log.info("group %d: %d file(s), %.1f MB", group["index"], len(group["files"]), group["bytes"] / 1e6)
-    return {"groups": [g["index"] for g in groups["groups"]], "files": len(manifest["files"]),
-            "bytes": manifest["total_bytes"]}
+    return PinResult(groups=[g["index"] for g in groups["groups"]], files=len(manifest["files"]),
+                     bytes=manifest["total_bytes"])
 
 
 def merge(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from trainyard_contract import layout
+from trainyard_contract.results import DecideResult
 from trainyard_contract.runtime import (
     Command,
     Outcome,
@@ -139,7 +140,7 @@ def run_evaluate(args: argparse.Namespace, config: PipelineConfig) -> dict[str, 
             "report": relative_to_volume(args.volume, args.run_dir / layout.REPORT)}
 
 
-def run_decide(args: argparse.Namespace, config: PipelineConfig) -> dict[str, Any]:
+def run_decide(args: argparse.Namespace, config: PipelineConfig) -> DecideResult:
     from trainyard_contract import artifacts
     from trainyard_contract.artifacts import Decision, EvalMetrics, InputsManifest
     from trainyard_contract.atomic import write_bytes
@@ -160,7 +161,7 @@ def run_decide(args: argparse.Namespace, config: PipelineConfig) -> dict[str, An
         log.info("  - %s", reason)
     for reason in decision.held:
         log.info("  (held) %s", reason)
-    return {"deploy": decision.deploy, "forced": decision.forced, "reasons": decision.reasons}
+    return DecideResult(deploy=decision.deploy, forced=decision.forced, reasons=decision.reasons)
 
 
 COMMANDS = {"check": Command(run_check), "train": Command(run_train), "evaluate": Command(run_evaluate),

@@ -15,6 +15,7 @@ from trainyard.dag.registry import Stage
 from trainyard.dag.registry import images as registry_images
 from trainyard.dag.stages import RunContext
 from trainyard.settings import backend_name
+from trainyard_contract.results import read_result
 from trainyard_contract.schema import PipelineConfig
 
 if TYPE_CHECKING:
@@ -125,14 +126,13 @@ class StageOperator(BaseOperator):
             raise stopped_by_user() from exc
         if result is not None and len(json.dumps(result)) > XCOM_LIMIT_BYTES:
             raise ValueError(f"stage {self.stage.name!r} returned more than {XCOM_LIMIT_BYTES} bytes of XCom")
-        if result is not None and result.get("skipped"):
-            record_skip(context, result["skipped"])
-            raise AirflowSkipException(f"{self.stage.task_id} skipped: {result['skipped']}")
+        typed = read_result(self.stage.result, result if result is not None else {}, self.stage.name)
+        if typed.skipped:
+            record_skip(context, typed.skipped)
+            raise AirflowSkipException(f"{self.stage.task_id} skipped: {typed.skipped}")
         if self.stage.result_key is not None:
             self.log.info("%s result: %s", self.stage.task_id, result)
-            if result is None or self.stage.result_key not in result:
-                raise ValueError(f"stage {self.stage.name!r} returned no {self.stage.result_key!r}")
-            return result[self.stage.result_key]
+            return getattr(typed, self.stage.result_key)
         return result
 
     def ensure_serving(self, launcher: Launcher, config: PipelineConfig) -> str:
@@ -189,9 +189,10 @@ class TrainJobOperator(StageOperator):
             fail(context, exc, self.stage)
         except KeyboardInterrupt as exc:
             raise stopped_by_user() from exc
-        if result is not None and result.get("skipped"):
-            record_skip(context, result["skipped"])
-            raise AirflowSkipException(f"{self.stage.task_id} skipped: {result['skipped']}")
+        typed = read_result(self.stage.result, result if result is not None else {}, self.stage.name)
+        if typed.skipped:
+            record_skip(context, typed.skipped)
+            raise AirflowSkipException(f"{self.stage.task_id} skipped: {typed.skipped}")
         return result
 
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from trainyard.dag.stage_kinds import POD, Branch, Job, Pod
 from trainyard_contract import layout as L
 from trainyard_contract.layout import Artifact
+from trainyard_contract.results import DecideResult, PinResult, StageResult
 from trainyard_contract.schema import STAGE_SECTIONS, PipelineConfig, StageRuntime
 
 Hardware = Literal["cpu", "gpu"]
@@ -104,6 +105,7 @@ class Stage:
     only_if: Callable[[PipelineConfig], bool] = _always  # whether the stage is in this config's DAG
     maps_over: str | None = None  # the task_id whose result list this stage is mapped over, when it is present
     result_key: str | None = None  # the key of the stage's result that is the task's XCom (what others map over)
+    result: type[StageResult] = StageResult  # what its result line holds; the operator validates it
 
     def __post_init__(self) -> None:
         self.kind.check(self)
@@ -127,7 +129,7 @@ STAGES: tuple[Stage, ...] = (
         task_id="pin_inputs", name="pin", image=PREP, command="pin", kind=POD, hardware="cpu",
         doc="Pins the run's input partitions and cuts the files into `prep.parallelism` groups (fan-out only).",
         runtime=runtime_of("prep"),
-        writes=(L.INPUTS_MANIFEST, L.INPUT_GROUPS), only_if=_fans_out, result_key="groups",
+        writes=(L.INPUTS_MANIFEST, L.INPUT_GROUPS), only_if=_fans_out, result_key="groups", result=PinResult,
     ),
     Stage(
         task_id="validate_data", name="validate", image=PREP, command="validate", kind=POD, hardware="cpu",
@@ -177,7 +179,7 @@ STAGES: tuple[Stage, ...] = (
         hardware="cpu",
         doc="Thresholds met and better than the champion (or forced): deploy, else skip; reasons logged.",
         runtime=runtime_of("evaluation"),
-        reads=(L.METRICS, L.INPUTS_MANIFEST), writes=(L.DECISION,),
+        reads=(L.METRICS, L.INPUTS_MANIFEST), writes=(L.DECISION,), result=DecideResult,
         flags=_force_flag,
     ),
     Stage(

@@ -66,6 +66,14 @@ class Pod:
         """Refuse a declaration this kind cannot run (called by `Stage.__post_init__`)."""
         if stage.maps_over is not None and not self.mappable:
             raise ValueError(f"stage {stage.name!r}: only a `pod` stage can be mapped, not a {self.name!r} one")
+        for key in self.result_keys(stage):
+            if key not in stage.result.model_fields:
+                raise ValueError(f"stage {stage.name!r} acts on its result's {key!r}, which its result model "
+                                 f"{stage.result.__name__} does not declare")
+
+    def result_keys(self, stage: Stage) -> tuple[str, ...]:
+        """The keys of the stage's result the Airflow side acts on (each must be a field of `stage.result`)."""
+        return (stage.result_key,) if stage.result_key is not None else ()
 
     def commands(self, stage: Stage) -> tuple[str, ...]:
         """Every sub-command of the stage's image this stage runs."""
@@ -105,6 +113,9 @@ class Branch(Pod):
     on: str  # the result key that says "go on"
     name: ClassVar[str] = "branch"
     mappable: ClassVar[bool] = False
+
+    def result_keys(self, stage: Stage) -> tuple[str, ...]:
+        return (*super().result_keys(stage), self.on)
 
     def operator(self, stage: Stage, next_stage: Stage | None, common: dict[str, Any], over: Any = None) -> Any:
         from trainyard.dag.operators import DecideOperator

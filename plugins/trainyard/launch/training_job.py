@@ -11,6 +11,7 @@ from typing import Any
 from trainyard.dag.registry import Stage
 from trainyard.dag.stages import RunContext, stage_container, train_containers, train_replicas
 from trainyard.launch.base import Launcher
+from trainyard_contract.results import StageResult, read_result
 from trainyard_contract.schema import PipelineConfig
 
 
@@ -22,8 +23,9 @@ def launch_training(config: PipelineConfig, run: RunContext, stage: Stage, launc
     if stage.kind.check_step is not None:
         check = stage_container(config, run, stage, check_args, check=True)
         checked = launcher.run_stage(run, check, log, context)
-        if checked is not None and checked.get("skipped"):
-            log.info("no training job: %s", checked["skipped"])
+        skipped = read_result(StageResult, checked or {}, stage.kind.check_step.name).skipped
+        if skipped:
+            log.info("no training job: %s", skipped)
             return checked
     job = run.job_name
     cluster = launcher.cluster_hosts(job, config.kubernetes.namespace, config.training.port, train_replicas(config))
