@@ -8,8 +8,9 @@ Exit codes: 0 success, 1 invalid config or failed run, 2 usage error.
 
 # The verbs live in `trainyard.commands`, one module per group; each adds its own sub-commands (`register`). This
 # stays one module, not a package with a `__main__.py`: Airflow's plugin manager imports every file under
-# `plugins/` by its stem, so a `__main__.py` there runs as `__main__` inside Airflow processes (`trainyard run`
-# started itself again from within `dag.test`).
+# `plugins/` by its stem, so a `__main__.py` there once ran as `__main__` inside Airflow processes (`trainyard run`
+# started itself again from within `dag.test`). `plugins/.airflowignore` now keeps the loader out of this package
+# altogether; a wheel installed into another Airflow's plugins folder would not carry that file.
 
 from __future__ import annotations
 
