@@ -49,9 +49,9 @@ def digits_config(monkeypatch: pytest.MonkeyPatch, **changes: dict):  # noqa: AN
 def job_objects(config, run_id: str, idle: bool = False):  # noqa: ANN001, ANN201
     """The training job of a run of `config` as the train task builds it: pods, headless Service, run labels.
     `idle`: every replica only sleeps (no run folder needed: the placement is what is tested)."""
+    from trainyard.dag.cluster_spec import job_name, kubernetes_hosts
     from trainyard.dag.registry import stage_named
     from trainyard.dag.stages import RunContext, train_containers, train_replicas
-    from trainyard.launch.cluster_spec import job_name, kubernetes_hosts
     from trainyard.launch.podspec import build_headless_service, build_job_pods, job_selector
     from trainyard_contract.layout import run_key
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.cluster_spec import Replicas, job_name, kubernetes_hosts, local_hosts, tf_config
 from trainyard.dag.registry import stage_named
 from trainyard.dag.stages import RunContext, train_containers, train_replicas
-from trainyard.launch.cluster_spec import Replicas, job_name, kubernetes_hosts, local_hosts, tf_config
 from trainyard.launch.podspec import build_job_pods
 
 RUN = RunContext(pipeline="digits", run_id="scheduled__2026-12-01T00:00:00+00:00",

@@ -162,9 +162,9 @@ def test_an_error_in_a_profile_points_at_the_profile_and_a_missing_one_is_named(
 def test_the_shipped_small_profile_fits_one_two_cpu_node_without_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every example pipeline under TRAINYARD_PROFILE=small: no GPU anywhere, and a whole training job plus one
     stage pod and the serving pod request under 2 CPUs."""
+    from trainyard.dag.cluster_spec import kubernetes_hosts
     from trainyard.dag.registry import stage_named
     from trainyard.dag.stages import RunContext, train_containers, train_replicas
-    from trainyard.launch.cluster_spec import kubernetes_hosts
     from trainyard.launch.podspec import build_job_pods
 
     monkeypatch.setenv("TRAINYARD_PROFILE", "small")

@@ -238,8 +238,8 @@ def test_the_role_grants_exactly_what_the_backend_uses(config, monkeypatch: pyte
     """Every path the backend has, run against the fakes; the Role must allow each call and nothing more."""
     from airflow.providers.cncf.kubernetes.utils import pod_manager
 
+    from trainyard.dag.cluster_spec import job_name, kubernetes_hosts
     from trainyard.dag.stages import train_containers, train_replicas
-    from trainyard.launch.cluster_spec import job_name, kubernetes_hosts
     from trainyard.launch.kubernetes_job import KubernetesJob
     from trainyard.launch.podspec import build_headless_service, build_job_pods, job_selector
     from trainyard_contract.layout import run_key

@@ -14,10 +14,10 @@ from kubernetes.client import models as k8s
 
 from tests.unit.k8s_fakes import FakeCluster, api_exception, result_log
 from trainyard.config.loader import load_pipeline_file
+from trainyard.dag.cluster_spec import job_name, kubernetes_hosts
 from trainyard.dag.registry import stage_named
 from trainyard.dag.stages import RunContext, train_containers, train_replicas
 from trainyard.launch.base import StageFailed
-from trainyard.launch.cluster_spec import job_name, kubernetes_hosts
 from trainyard.launch.kubernetes_job import DELETE_GRACE_SECONDS, KubernetesJob, selector_of
 from trainyard.launch.kubernetes_lease import LEASE, RENEWED, lease_annotations, sweep_expired_jobs
 from trainyard.launch.podspec import build_headless_service, build_job_pods, job_selector

@@ -16,9 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-FAILURE_XCOM = "trainyard_failure"  # the stage's own error, pushed by the operator before it fails
-SKIP_XCOM = "trainyard_skip"  # why a stage skipped itself (nothing new to train on), pushed before it skips
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -107,6 +104,8 @@ def failure_summary(dag_run: Any) -> list[str]:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
+    from trainyard.dag.operators import FAILURE_XCOM
+
     lines: list[str] = []
     with create_session() as session:
         failed = session.query(TaskInstance).filter(
@@ -142,6 +141,8 @@ def skip_notes(dag_run: Any) -> list[str]:
     """One line per stage that skipped itself and said why (`train skipped: nothing new: ...`)."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
+
+    from trainyard.dag.operators import SKIP_XCOM
 
     with create_session() as session:
         records = session.query(XComModel).filter(XComModel.dag_id == dag_run.dag_id,
@@ -275,18 +276,6 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)  # drops the flock
             self._fd = None
-
-
-def alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def stale_run_problem(pipeline: str) -> tuple[Problem | None, list[str], RunLock | None]:

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from trainyard.launch.base import Launcher, StageFailed
 
 XCOM_LIMIT_BYTES = 64 * 1024
+FAILURE_XCOM = "trainyard_failure"  # the stage's own error, pushed before the task fails (`trainyard run` reads it)
+SKIP_XCOM = "trainyard_skip"  # why a stage skipped itself (nothing new to train on), pushed before it skips
 
 
 def run_context(context: Any, pipeline: str) -> RunContext:
@@ -54,8 +56,6 @@ def bad_input(exc: StageFailed, stage: Stage) -> AirflowFailException:
 def record_failure(context: Any, exc: StageFailed) -> None:
     """Keep the stage's own message beside the run (an XCom), so `trainyard run` and people can read it without
     digging through the log; never let recording it hide the failure itself."""
-    from trainyard.commands.local_run import FAILURE_XCOM
-
     try:
         context["ti"].xcom_push(key=FAILURE_XCOM, value={"message": exc.stage_message[:4000], "cause": exc.cause,
                                                          "retryable": exc.retryable, "exit_code": exc.exit_code})
@@ -65,8 +65,6 @@ def record_failure(context: Any, exc: StageFailed) -> None:
 
 def record_skip(context: Any, reason: str) -> None:
     """Keep why a stage skipped itself beside the run (an XCom), for `trainyard run`'s summary."""
-    from trainyard.commands.local_run import SKIP_XCOM
-
     try:
         context["ti"].xcom_push(key=SKIP_XCOM, value=reason[:4000])
     except Exception:  # noqa: BLE001 - the task is skipped either way

@@ -168,8 +168,8 @@ class Job(Pod):
     def manifests(self, config: PipelineConfig, run: RunContext, stage: Stage, groups: list[int | None],
                   extra_args: tuple[str, ...]) -> list[Any]:
         """The check pod, the headless Service, then one pod per replica (Kubernetes DNS hosts in TF_CONFIG)."""
+        from trainyard.dag.cluster_spec import kubernetes_hosts
         from trainyard.dag.stages import stage_container, train_containers, train_replicas
-        from trainyard.launch.cluster_spec import kubernetes_hosts
         from trainyard.launch.podspec import build_headless_service, build_job_pods, build_stage_pod
 
         cluster = kubernetes_hosts(run.job_name, config.kubernetes.namespace, config.training.port,

@@ -15,8 +15,8 @@ from functools import cached_property
 from pathlib import PurePosixPath
 from typing import Any
 
+from trainyard.dag.cluster_spec import Replicas, job_name, tf_config
 from trainyard.dag.registry import Stage
-from trainyard.launch.cluster_spec import Replicas, job_name, tf_config
 from trainyard_contract.layout import RunLayout, run_key
 from trainyard_contract.runtime import CONFIG_ENV, RUN_ENV, XCOM_RETURN
 from trainyard_contract.schema import PipelineConfig, Resources

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainyard.launch.cluster_spec import Replicas
+from trainyard.dag.cluster_spec import Replicas
 from trainyard_contract.runtime import is_retryable_exit
 from trainyard_contract.schema import PipelineConfig
 

@@ -20,10 +20,10 @@ from kubernetes.client import AppsV1Api, CoreV1Api
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
+from trainyard.dag.cluster_spec import Replicas, kubernetes_hosts
 from trainyard.dag.registry import Stage
 from trainyard.dag.stages import ContainerSpec, RunContext
 from trainyard.launch.base import StageFailed
-from trainyard.launch.cluster_spec import Replicas, kubernetes_hosts
 from trainyard.launch.kubernetes_api import api_error, ignore_not_found, pending_reason, recent_events
 from trainyard.launch.kubernetes_job import KubernetesJob, selector_of
 from trainyard.launch.kubernetes_lease import sweep_expired_jobs

@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from trainyard import settings
-from trainyard.commands.local_run import alive
+from trainyard.dag.cluster_spec import ROLES, Replicas, local_hosts
 from trainyard.dag.registry import Stage
 from trainyard.dag.registry import images as registry_images
 from trainyard.dag.stages import ContainerSpec, RunContext
 from trainyard.launch.base import StageFailed
-from trainyard.launch.cluster_spec import ROLES, Replicas, local_hosts
 from trainyard.launch.images import local_command
 from trainyard.launch.native_noise import is_native_noise
 from trainyard.launch.podspec import SCRATCH_PATH, replica_name, stage_pod_name
@@ -48,6 +47,17 @@ STOP_GRACE_SECONDS = 10.0
 
 def work_root() -> Path:
     return Path(tempfile.gettempdir()) / f"trainyard-work-{os.getuid()}"
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (one owned by another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def remove_orphaned_work(root: Path) -> list[str]:
