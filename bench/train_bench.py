@@ -255,7 +255,7 @@ def prepared_run(volume: Path, config, run_id: str) -> Path:  # noqa: ANN001
     from trainyard_prep.inputs import pin_inputs
     from trainyard_prep.prepare import prepare
 
-    run_dir = volume / layout.RUNS / config.name / RunLayout.for_run("/", config.name, run_id).key
+    run_dir = RunLayout.for_run(volume, config.name, run_id).run_dir
     prepare(run_dir, config, pin_inputs(volume, run_dir, config.data, None))
     return run_dir
 

@@ -107,6 +107,13 @@ def run_key(run_id: str) -> str:
     return safe
 
 
+def volume_root(root: str | PurePosixPath) -> PurePosixPath:
+    """A volume root for `RunLayout`: a mount path given as text becomes a `PurePosixPath` (a pod's, never touched
+    here); a local folder given as a `Path` stays one (a `PosixPath` is a `PurePosixPath`), so the local backend can
+    create and open the paths it gets."""
+    return root if isinstance(root, PurePosixPath) else PurePosixPath(root)
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """Paths of one run, relative to a volume root (`/data` in a pod, a local folder on the local backend)."""
@@ -117,7 +124,7 @@ class RunLayout:
 
     @classmethod
     def for_run(cls, root: str | PurePosixPath, pipeline: str, run_id: str) -> RunLayout:
-        return cls(PurePosixPath(root), pipeline, run_key(run_id))
+        return cls(volume_root(root), pipeline, run_key(run_id))
 
     @property
     def run_dir(self) -> PurePosixPath:

@@ -46,7 +46,7 @@ def config_with(pipelines: Path, **training: object) -> PipelineConfig:
 
 
 def prepare_run(volume: Path, config: PipelineConfig, run_id: str) -> Path:
-    run_dir = volume / layout.RUNS / config.name / RunLayout.for_run("/", config.name, run_id).key
+    run_dir = RunLayout.for_run(volume, config.name, run_id).run_dir
     manifest = pin_inputs(volume, run_dir, config.data, None)
     prepare(run_dir, config, manifest)
     return run_dir

@@ -37,6 +37,15 @@ def test_run_key_is_folder_safe_and_unique() -> None:
         run_key("")
 
 
+def test_a_local_folder_s_layout_gives_paths_that_can_be_created(tmp_path: Path) -> None:
+    """Was: every root became a PurePosixPath, so the local backend's `mkdir` of a run folder raised
+    AttributeError (every local training job failed); a mount path given as text stays pure."""
+    logs = RunLayout.for_run(tmp_path, "digits", "r1").path(layout.CLUSTER_LOGS)
+    logs.mkdir(parents=True)
+    assert logs.is_dir() and logs == tmp_path / "runs" / "digits" / "r1" / layout.CLUSTER_LOGS
+    assert type(RunLayout.for_run("/data", "digits", "r1").run_dir) is PurePosixPath
+
+
 def test_layout_paths() -> None:
     run = RunLayout.for_run("/data", "digits", "r1")
     assert str(run.run_dir) == "/data/runs/digits/r1"

@@ -17,7 +17,7 @@ from typing import Any
 
 from trainyard.dag.cluster_spec import Replicas, job_name, tf_config
 from trainyard.dag.registry import Stage
-from trainyard_contract.layout import RunLayout, run_key
+from trainyard_contract.layout import RunLayout, run_key, volume_root
 from trainyard_contract.runtime import CONFIG_ENV, RUN_ENV, XCOM_RETURN
 from trainyard_contract.schema import PipelineConfig, Resources
 
@@ -46,7 +46,7 @@ class RunContext:
 
     def layout(self, root: str | PurePosixPath) -> RunLayout:
         """The run's paths on a volume mounted at `root`."""
-        return RunLayout(PurePosixPath(root), self.pipeline, self.key)
+        return RunLayout(volume_root(root), self.pipeline, self.key)
 
     def trigger(self) -> dict[str, Any] | None:
         """What started this run and with which Param values; None when nothing is known (a bare context)."""

@@ -283,7 +283,7 @@ class LocalLauncher:
                      for name, spec in zip(names, specs, strict=True)]
             chief = next(p for p in procs if p.role == "chief")
             others = [p for p in procs if p is not chief]
-            log_folder = Path(run.layout(self.data_dir).path(layout.CLUSTER_LOGS))
+            log_folder = run.layout(self.data_dir).path(layout.CLUSTER_LOGS)
             log_folder.mkdir(parents=True, exist_ok=True)
             with self._lock:
                 self._running.extend(procs)
