@@ -15,7 +15,7 @@ from trainyard.dag.registry import Stage
 from trainyard.dag.registry import images as registry_images
 from trainyard.dag.stages import RunContext
 from trainyard.settings import backend_name
-from trainyard_contract.results import read_result
+from trainyard_contract.results import StageResult, read_result
 from trainyard_contract.schema import PipelineConfig
 
 if TYPE_CHECKING:
@@ -71,6 +71,16 @@ def record_skip(context: Any, reason: str) -> None:
         pass
 
 
+def checked_result(context: Any, stage: Stage, result: dict[str, Any] | None) -> StageResult:
+    """`result` validated against the stage's result model; a stage that skipped itself ends its task skipped,
+    with its reason kept for `trainyard run`."""
+    typed = read_result(stage.result, result if result is not None else {}, stage.name)
+    if typed.skipped:
+        record_skip(context, typed.skipped)
+        raise AirflowSkipException(f"{stage.task_id} skipped: {typed.skipped}")
+    return typed
+
+
 def stopped_by_user() -> AirflowFailException:
     """Ctrl-C in `trainyard run`: the launcher already stopped the stage's processes; no retry."""
     return AirflowFailException("stopped by Ctrl-C: the stage's processes were stopped; not retried")
@@ -124,10 +134,7 @@ class StageOperator(BaseOperator):
             raise stopped_by_user() from exc
         if result is not None and len(json.dumps(result)) > XCOM_LIMIT_BYTES:
             raise ValueError(f"stage {self.stage.name!r} returned more than {XCOM_LIMIT_BYTES} bytes of XCom")
-        typed = read_result(self.stage.result, result if result is not None else {}, self.stage.name)
-        if typed.skipped:
-            record_skip(context, typed.skipped)
-            raise AirflowSkipException(f"{self.stage.task_id} skipped: {typed.skipped}")
+        typed = checked_result(context, self.stage, result)
         if self.stage.result_key is not None:
             self.log.info("%s result: %s", self.stage.task_id, result)
             return getattr(typed, self.stage.result_key)
@@ -187,10 +194,7 @@ class TrainJobOperator(StageOperator):
             fail(context, exc, self.stage)
         except KeyboardInterrupt as exc:
             raise stopped_by_user() from exc
-        typed = read_result(self.stage.result, result if result is not None else {}, self.stage.name)
-        if typed.skipped:
-            record_skip(context, typed.skipped)
-            raise AirflowSkipException(f"{self.stage.task_id} skipped: {typed.skipped}")
+        checked_result(context, self.stage, result)
         return result
 
 
