@@ -570,6 +570,66 @@ class KubernetesConfig(Strict):
         return reference
 
 
+BrokerUrl = Annotated[str, StringConstraints(
+    pattern=r"^rediss?://[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?(/[0-9]{1,2})?$", max_length=255)]
+StreamName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9:._-]*$", max_length=200)]
+
+
+class MicroBatch(Strict):
+    """How many records the scorer sends to TF Serving in one Predict, and how long it waits to fill a batch."""
+
+    max_records: int = Field(64, ge=1, le=10_000)
+    max_wait_ms: int = Field(20, ge=0, le=60_000, description="after a batch's first record, wait at most this "
+                             "long for more before scoring what it has")
+
+
+class StreamLand(Strict):
+    """Labelled events from a stream, landed as the pipeline's own daily partitions of `data.source`."""
+
+    source: StreamName = Field(description="the stream of labelled events (features, label and the key)")
+    dead_letter: StreamName = Field(description="where an event that fails the features' or label's checks goes")
+    group: StreamName = "trainyard-land"
+    max_rows: int = Field(50_000, ge=1, le=5_000_000, description="close a part file at this many rows")
+    max_seconds: float = Field(300.0, gt=0, le=86_400, description="or this long after its first event")
+
+
+class StreamConfig(Strict):
+    """Real-time scoring of a stream through the served model, and (`land`) a stream landed as training data.
+
+    The broker is Redis Streams: each event is one entry whose `data` field holds a JSON object with the raw
+    features by name and the key. The URL carries no password: `password` names the environment variable that
+    holds it, filled from a Kubernetes Secret (`secret`/`key`) in the cluster and from the environment locally.
+    """
+
+    broker: BrokerUrl = Field(description="redis://host:port[/db] (rediss:// for TLS); no credentials in it")
+    password: SecretRef | None = None
+    source: StreamName = Field(description="the stream of events to score")
+    sink: StreamName = Field(description="where one result per event is written")
+    dead_letter: StreamName = Field(description="where an event the scorer cannot score goes, with the reason")
+    group: StreamName = Field("trainyard-score", description="the consumer group the scorer replicas share")
+    key: Identifier = Field("key", description="the event field that identifies it (copied into its result)")
+    batch: MicroBatch = shared(MicroBatch())
+    claim_idle_ms: int = Field(30_000, ge=100, le=3_600_000, description="an event a consumer has held this long "
+                               "without acknowledging it (the consumer died) is reclaimed by another")
+    replicas: int = Field(1, ge=1, le=100)
+    image: ImageRef = Field("trainyard/stream:0.1.0", description="the scorer's and lander's image (Kubernetes)")
+    resources: Resources = shared(Resources(cpu="500m", memory="512Mi"))
+    land: StreamLand | None = None
+
+    @model_validator(mode="after")
+    def _distinct_streams(self) -> StreamConfig:
+        named = {"source": self.source, "sink": self.sink, "dead_letter": self.dead_letter}
+        if self.land is not None:
+            named["land.source"] = self.land.source
+        seen: dict[str, str] = {}
+        for field, stream in named.items():
+            if stream in seen:
+                raise ValueError(f"@{field}: stream {stream!r} is also {seen[stream]}; each role needs its own "
+                                 "stream")
+            seen[stream] = field
+        return self
+
+
 class AssetSchedule(Strict):
     """Data-aware scheduling: a run starts when an event is registered for this Airflow Asset (new data landed).
 
@@ -638,6 +698,8 @@ class PipelineConfig(Strict):
     evaluation: EvaluationConfig = shared(EvaluationConfig())
     deploy: DeployConfig = shared(DeployConfig())
     kubernetes: KubernetesConfig = shared(KubernetesConfig())
+    stream: StreamConfig | None = Field(None, description="real-time scoring of a stream, and landing a stream "
+                                        "as training data (README: Streams)")
 
     @model_validator(mode="after")
     def _metrics_fit_task(self) -> PipelineConfig:

@@ -18,10 +18,10 @@ import argparse
 import sys
 
 from trainyard import settings
-from trainyard.commands import authoring, operating, running, serving
+from trainyard.commands import authoring, operating, running, serving, streaming
 from trainyard.commands.common import EXIT_OK, EXIT_USAGE
 
-MODULES = (authoring, running, serving, operating)
+MODULES = (authoring, running, serving, streaming, operating)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.serving_helpers import Server, free_port
-from trainyard.commands.airflow_api import AirflowApi, ApiError, get_token
 from trainyard_contract import layout
+from trainyard_contract.airflow_api import AirflowApi, ApiError, get_token
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -19,8 +19,8 @@ import pytest
 
 from tests.integration.airflow_services import AirflowServices, running_pipelines, wait_for
 from tests.integration.serving_helpers import Server
-from trainyard.commands.airflow_api import ApiError
 from trainyard_contract import layout
+from trainyard_contract.airflow_api import ApiError
 from trainyard_contract.layout import published_versions, run_key
 
 pytestmark = pytest.mark.integration

@@ -111,4 +111,4 @@ def test_the_contract_builds_as_a_package_of_its_own(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("trainyard_contract-*.whl")
     modules = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".py")}
     expected = {f"trainyard_contract/{p.name}" for p in (REPO / "contract" / "trainyard_contract").glob("*.py")}
-    assert modules == expected and len(expected) == 9
+    assert modules == expected and len(expected) == 10

@@ -85,7 +85,7 @@ def cmd_mark_data(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_FAILED
     config = loaded[0]
-    from trainyard.commands.airflow_api import AirflowApi, ApiError
+    from trainyard_contract.airflow_api import AirflowApi, ApiError
     from trainyard_contract.schema import AssetSchedule
 
     if not isinstance(config.schedule, AssetSchedule):

@@ -1,7 +1,8 @@
 """A small client of Airflow 3's public REST API (`/api/v2`), standard library only.
 
-Used by `trainyard mark-data` (register new data for asset-scheduled pipelines), the integration tests and the
-scheduling benchmark: the same calls a user's script or CI job makes against a running api-server.
+Used by `trainyard mark-data` and the stream lander (register new data for asset-scheduled pipelines), the
+integration tests and the scheduling benchmark: the same calls a user's script or CI job makes against a running
+api-server. In the contract because the stream image registers asset events too.
 """
 
 from __future__ import annotations
