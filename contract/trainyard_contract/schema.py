@@ -570,8 +570,20 @@ class KubernetesConfig(Strict):
         return reference
 
 
-BrokerUrl = Annotated[str, StringConstraints(
-    pattern=r"^rediss?://[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?(/[0-9]{1,2})?$", max_length=255)]
+BROKER_URL = r"^rediss?://[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?(/[0-9]{1,2})?$"
+
+
+def check_broker_url(url: str) -> str:
+    """redis://host[:port][/db] (rediss:// for TLS), and never a password in it: a config is not a secret."""
+    if "@" in url:
+        raise ValueError("the URL must not carry credentials: give the password's Secret as stream.password "
+                         "({env, secret, key}) and write the URL as redis://host:port/db")
+    if not re.match(BROKER_URL, url) or len(url) > 255:
+        raise ValueError(f"must be redis://host[:port][/db] or rediss://... (got {url!r})")
+    return url
+
+
+BrokerUrl = Annotated[str, AfterValidator(check_broker_url)]
 StreamName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9:._-]*$", max_length=200)]
 
 
@@ -591,6 +603,11 @@ class StreamLand(Strict):
     group: StreamName = "trainyard-land"
     max_rows: int = Field(50_000, ge=1, le=5_000_000, description="close a part file at this many rows")
     max_seconds: float = Field(300.0, gt=0, le=86_400, description="or this long after its first event")
+    airflow_api_url: str | None = Field(
+        None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
+        description="the api-server the lander registers the pipeline's asset events with (in a cluster, e.g. "
+        "http://airflow-api-server.airflow.svc:8080); default $AIRFLOW_API_URL, else http://127.0.0.1:8080. "
+        "Credentials: AIRFLOW_API_TOKEN, or AIRFLOW_USERNAME/AIRFLOW_PASSWORD (kubernetes.secrets in a cluster)")
 
 
 class StreamConfig(Strict):

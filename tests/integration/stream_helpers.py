@@ -66,7 +66,12 @@ class RedisServer:
 
 def stream_config(redis_url: str, prefix: str, **stream: Any) -> PipelineConfig:
     """A pipeline of the serving helpers' tiny models (float features a, b; classes 0, 1) with a stream section."""
-    document = {
+    return PipelineConfig.model_validate(stream_document(redis_url, prefix, **stream))
+
+
+def stream_document(redis_url: str, prefix: str, **stream: Any) -> dict[str, Any]:
+    """The same pipeline as a config file's content."""
+    return {
         "name": "tiny", "data": {"source": "datasets/tiny", "format": "parquet",
                                   "label": {"name": "y", "classes": [0, 1]},
                                   "features": [{"name": "a", "min": -100, "max": 100}, {"name": "b"}]},
@@ -75,7 +80,6 @@ def stream_config(redis_url: str, prefix: str, **stream: Any) -> PipelineConfig:
                    "dead_letter": f"{prefix}:dead", "batch": {"max_records": 32, "max_wait_ms": 5},
                    **stream},
     }
-    return PipelineConfig.model_validate(document)
 
 
 def start(config: PipelineConfig, role: str, log: Path, consumer: str, endpoint: str | None = None,

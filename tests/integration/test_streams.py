@@ -24,6 +24,7 @@ from tests.integration.stream_helpers import (
     start,
     stop,
     stream_config,
+    stream_document,
     wait_until,
 )
 from trainyard_contract.runtime import CONFIG_ENV
@@ -140,7 +141,8 @@ def test_events_it_cannot_score_go_to_the_dead_letter_stream_with_the_reason(
     assert dead["m"]["reason"] == "feature 'b' is missing"
     assert dead["t"]["reason"].startswith("feature 'b' must be a number (float)")
     assert dead["bool"]["reason"].startswith("feature 'a' must be a number")
-    assert dead["nan"]["reason"].startswith("the model refused it: INVALID_ARGUMENT") and "input `a`" in dead["nan"]["reason"]
+    assert dead["nan"]["reason"].startswith("the model refused it: INVALID_ARGUMENT")
+    assert "input `a`" in dead["nan"]["reason"]
     assert dead["t"]["data"] == json.dumps(bad["text"]) and dead["t"]["source"] == "bad:events"
     scored = {r["key"] for r in results_of(client, "bad:results")}
     assert scored == {f"g{i}-{j}" for i in range(7) for j in range(5)} | {"after"}
@@ -183,6 +185,38 @@ def test_a_broker_that_is_down_at_start_is_one_clear_line(tmp_path: Path) -> Non
                           timeout=60)
     assert done.returncode == 1
     assert "cannot reach the broker redis://127.0.0.1:" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_trainyard_stream_runs_the_scorer_in_the_background_and_stops_it(
+        redis_server: RedisServer, serving: Server, tmp_path: Path) -> None:
+    import yaml
+
+    pipelines, volume = tmp_path / "pipelines", tmp_path / "volume"
+    pipelines.mkdir()
+    (pipelines / "tiny.yaml").write_text(yaml.safe_dump(stream_document(redis_server.url, "cli")))
+    env = {**os.environ, "TRAINYARD_PIPELINES_DIR": str(pipelines), "TRAINYARD_DATA_DIR": str(volume),
+           "TRAINYARD_SERVING_GRPC": serving.grpc, "AIRFLOW_HOME": str(tmp_path / "airflow")}
+
+    def trainyard(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "trainyard.cli", "stream", "tiny", *args], env=env,
+                              capture_output=True, text=True, timeout=180)
+
+    started = trainyard("--background")
+    assert started.returncode == 0, started.stderr
+    assert "tiny score running (pid" in started.stdout
+    again = trainyard("--background")
+    assert again.returncode == 0 and "already running" in again.stdout
+    client = redis_server.client()
+    produce(client, "cli:events", [{"key": f"c{i}", "a": 1.0, "b": 2.0} for i in range(50)])
+    wait_until("50 results", lambda: client.xlen("cli:results") == 50, 60)
+    stopped = trainyard("--stop")
+    assert stopped.returncode == 0 and "tiny score stopped (pid" in stopped.stdout
+    assert "stopped: scored 50, dead-lettered 0" in (volume / "streams" / "tiny.score.log").read_text()
+    assert "no stream process of tiny was running" in trainyard("--stop").stdout
+    (pipelines / "tiny.yaml").write_text(yaml.safe_dump(stream_document("redis://127.0.0.1:1/0", "cli")))
+    refused = trainyard("--background")
+    assert refused.returncode == 1
+    assert "cannot reach the broker redis://127.0.0.1:1/0" in refused.stderr, refused.stderr
 
 
 def test_sigkill_during_10000_events_loses_none(redis_server: RedisServer, serving: Server, tmp_path: Path) -> None:
@@ -243,7 +277,7 @@ def test_landing_survives_a_kill_mid_partition(redis_server: RedisServer, tmp_pa
     config = type(config).model_validate(document)
     volume = tmp_path / "volume"
     day = dt.datetime.now(dt.UTC).date().isoformat()
-    folder = volume / "datasets" / "tiny" / f"date={day}"
+    folder = volume / config.data.source / f"date={day}"
     folder.mkdir(parents=True)
     # k0..k9 landed before (a file written just before a kill, its events not yet acknowledged): dropped by key
     earlier = pd.DataFrame({"a": [0.0] * 10, "b": [0.0] * 10, "y": [0] * 10,

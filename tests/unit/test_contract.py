@@ -85,7 +85,7 @@ def test_the_check_catches_a_module_the_image_does_not_have() -> None:
     assert blocked.returncode != 0 and "(not in this image)" in blocked.stderr
 
 
-@pytest.mark.parametrize("image", ["prep", "trainer", "evaluate", "serving"])
+@pytest.mark.parametrize("image", ["prep", "trainer", "evaluate", "serving", "stream"])
 def test_each_image_needs_only_the_contract_and_its_own_dependencies(image: str) -> None:
     dockerfile = REPO / "images" / image / "Dockerfile"
     packages, have = image_needs(dockerfile)

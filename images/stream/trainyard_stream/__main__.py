@@ -60,8 +60,9 @@ def connect(config: PipelineConfig):  # noqa: ANN201 - a RedisBroker (redis impo
 
 
 def asset_marker(config: PipelineConfig):  # noqa: ANN201
-    """How the lander registers new data: the pipeline's Asset event over Airflow's REST API (AIRFLOW_API_URL and
-    AIRFLOW_API_TOKEN or AIRFLOW_USERNAME/AIRFLOW_PASSWORD), or None when the pipeline is not scheduled on data."""
+    """How the lander registers new data: the pipeline's Asset event over Airflow's REST API (`land.airflow_api_url`
+    or AIRFLOW_API_URL; AIRFLOW_API_TOKEN or AIRFLOW_USERNAME/AIRFLOW_PASSWORD), or None when the pipeline is not
+    scheduled on data."""
     from trainyard_contract.schema import AssetSchedule
 
     schedule = config.schedule
@@ -71,8 +72,11 @@ def asset_marker(config: PipelineConfig):  # noqa: ANN201
         return None
     from trainyard_contract.airflow_api import AirflowApi
 
+    assert config.stream is not None and config.stream.land is not None
+    url = config.stream.land.airflow_api_url
+
     def mark(extra: dict) -> object:
-        return AirflowApi.from_env().mark_asset(schedule.uri, extra)
+        return AirflowApi.from_env(url).mark_asset(schedule.uri, extra)
 
     return mark
 

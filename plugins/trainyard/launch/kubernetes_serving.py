@@ -1,4 +1,5 @@
-"""Make sure the model's TF Serving Deployment and ClusterIP Service exist and match the config (create or patch).
+"""Make sure the model's TF Serving Deployment and ClusterIP Service, and the stream scorer's and lander's Deployments
+when the config has `stream:`, exist and match the config (create or patch).
 
 Idempotent, like `kubectl apply` for the two objects Trainyard owns: read, create on 404, else patch to the
 built spec. The deploy stage then publishes the version on the volume and talks gRPC to the Service.
@@ -14,6 +15,7 @@ from kubernetes.client import AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from trainyard.launch.podspec import build_serving_deployment, build_serving_service, serving_address
+from trainyard.launch.stream_spec import build_stream_deployments
 from trainyard_contract.schema import PipelineConfig
 
 
@@ -34,9 +36,12 @@ def _apply(read: Callable[..., Any], create: Callable[..., Any], patch: Callable
 
 
 def apply_serving_objects(core: CoreV1Api, apps: AppsV1Api, config: PipelineConfig, log: logging.Logger) -> str:
-    """Create or patch the Deployment and the Service; return the gRPC address the deploy stage uses."""
+    """Create or patch the Deployments and the Service; return the gRPC address the deploy stage uses."""
     _apply(apps.read_namespaced_deployment, apps.create_namespaced_deployment, apps.patch_namespaced_deployment,
            build_serving_deployment(config), log)
     _apply(core.read_namespaced_service, core.create_namespaced_service, core.patch_namespaced_service,
            build_serving_service(config), log)
+    for deployment in build_stream_deployments(config):
+        _apply(apps.read_namespaced_deployment, apps.create_namespaced_deployment,
+               apps.patch_namespaced_deployment, deployment, log)
     return serving_address(config)

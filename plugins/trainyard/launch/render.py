@@ -1,7 +1,8 @@
 """Every Kubernetes manifest one run of a pipeline would create, as plain dicts, for review and GitOps.
 
 The same pure builders the backends use: stage pods, the training job's replica pods and headless Service (with
-Kubernetes DNS hosts in TF_CONFIG), and the model's TF Serving Deployment and Service.
+Kubernetes DNS hosts in TF_CONFIG), the model's TF Serving Deployment and Service, and the stream scorer's and
+lander's Deployments.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from trainyard.launch.podspec import (
     build_serving_service,
     serving_address,
 )
+from trainyard.launch.stream_spec import build_stream_deployments
 from trainyard_contract.schema import PipelineConfig
 
 
@@ -37,7 +39,7 @@ def render_run(config: PipelineConfig, run_id: str, window_end: dt.datetime | No
         groups: list[int | None] = list(range(config.prep.parallelism)) if mapped_over(stage, present) else [None]
         objects.extend(stage.kind.manifests(config, run, stage, groups, extra))
     if any(stage.needs_serving for stage in stages):
-        objects += [build_serving_deployment(config), build_serving_service(config)]
+        objects += [build_serving_deployment(config), build_serving_service(config), *build_stream_deployments(config)]
     client = ApiClient()
     return [client.sanitize_for_serialization(obj) for obj in objects]
 
