@@ -64,16 +64,20 @@ class ServingClient:
         self.dtypes = {name: info.dtype for name, info in inputs.items()}
         self.described_version = response.model_spec.version.value
 
-    def predict(self, rows: Sequence[dict[str, Any]]) -> Answer:
-        """Score `rows` (feature values by name, None = missing) in one Predict."""
+    def submit(self, rows: Sequence[dict[str, Any]]) -> Pending:
+        """Start scoring `rows` (feature values by name, None = missing) in one Predict; `collect` waits for it.
+        The server works while the caller does other things (the scorer writes the batch before)."""
         if not self.dtypes:
             self.describe()
         request = predict_pb2.PredictRequest()
         request.model_spec.name = self.model
         for name, dtype in self.dtypes.items():
             request.inputs[name].CopyFrom(tensor_util.make_tensor_proto(column(rows, name, dtype)))
+        return Pending(self.stub.Predict.future(request, timeout=self.timeout), len(rows))
+
+    def collect(self, pending: Pending) -> Answer:
         try:
-            response = self.stub.Predict(request, timeout=self.timeout)
+            response = pending.future.result()
         except grpc.RpcError as exc:
             if exc.code() in REFUSALS:
                 self.dtypes = {}  # a new version may take other dtypes: describe it again before the next try
@@ -83,7 +87,16 @@ class ServingClient:
         version = response.model_spec.version.value
         if version != self.described_version:
             self.dtypes = {}  # describe the new version before the next batch
-        return Answer(version, output_rows(response, len(rows)))
+        return Answer(version, output_rows(response, pending.rows))
+
+    def predict(self, rows: Sequence[dict[str, Any]]) -> Answer:
+        return self.collect(self.submit(rows))
+
+
+@dataclass(frozen=True)
+class Pending:
+    future: Any  # grpc.Future of a PredictResponse
+    rows: int
 
 
 def column(rows: Sequence[dict[str, Any]], name: str, dtype: int) -> np.ndarray:
@@ -102,17 +115,9 @@ def output_rows(response: predict_pb2.PredictResponse, count: int) -> list[dict[
     for name, proto in response.outputs.items():
         if name == "logits":
             continue  # probabilities carry the same information for a consumer
-        array = tensor_util.MakeNdarray(proto)
-        for row, value in zip(rows, array, strict=False):
-            row[name] = plain(value)
+        values = tensor_util.MakeNdarray(proto).tolist()  # nested Python lists of floats, ints or bytes
+        if values and isinstance(values[0], bytes):
+            values = [value.decode(errors="replace") for value in values]
+        for row, value in zip(rows, values, strict=False):
+            row[name] = value
     return rows
-
-
-def plain(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return [plain(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
