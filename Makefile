@@ -33,7 +33,7 @@ lint: bootstrap
 check: bootstrap
 	trainyard check
 
-# PostgreSQL and Chromium (Debian packages) for the operating tests: installed when missing
+# PostgreSQL, Chromium and Redis (Debian packages) for the integration tests: installed when missing
 test-services:
 	@scripts/install-test-services.sh
 
@@ -74,6 +74,7 @@ bench: bootstrap test-services
 	python bench/prep_bench.py
 	python bench/train_bench.py
 	python bench/serving_bench.py
+	python bench/stream_bench.py
 	python bench/scheduling_bench.py
 
 clean:

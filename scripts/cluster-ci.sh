@@ -42,6 +42,8 @@ prepare() {
   step images-bases "$HARNESS/images.sh" bases
   step images-project "$HARNESS/images.sh" project "$ROOT"
   step images-tfserving "$HARNESS/images.sh" tfserving
+  # what only the tests need (the stream test's Redis), built the same way from tests/cluster/images/
+  step images-test "$HARNESS/images.sh" project "$ROOT/tests/cluster" redis
   step setup "$HARNESS/setup.sh" "$ROOT"
   # shellcheck disable=SC1091
   source "$HARNESS/env.sh"   # KUBECONFIG (admin), kubectl on PATH

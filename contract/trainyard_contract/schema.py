@@ -630,7 +630,8 @@ class StreamConfig(Strict):
                                "without acknowledging it (the consumer died) is reclaimed by another")
     replicas: int = Field(1, ge=1, le=100)
     image: ImageRef = Field("trainyard/stream:0.1.0", description="the scorer's and lander's image (Kubernetes)")
-    resources: Resources = shared(Resources(cpu="500m", memory="512Mi"))
+    # the scorer imports TensorFlow (tensorflow-serving-api's protos need it): about 800 MiB resident
+    resources: Resources = shared(Resources(cpu="500m", memory="1Gi"))
     land: StreamLand | None = None
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ import pytest
 
 from tests.integration.airflow_services import AirflowServices, running_pipelines, wait_for
 from tests.integration.serving_helpers import Server
+from tests.integration.stream_helpers import RedisServer, produce
 from trainyard_contract import layout
 from trainyard_contract.airflow_api import ApiError
 from trainyard_contract.layout import published_versions, run_key
@@ -86,10 +87,29 @@ class Deployment:
             pytest.fail(f"run {run['dag_run_id']} of {dag_id} ended {run['state']}; failed tasks {failed}:\n{logs}")
 
 
+def ondata_stream(broker: str) -> str:
+    """ondata's stream section: labelled digits events landed as today's partition of datasets/digits."""
+    return f"""
+stream:
+  broker: {broker}
+  source: ondata:events
+  sink: ondata:scores
+  dead_letter: ondata:dead
+  land: {{source: ondata:labelled, dead_letter: ondata:labelled-dead, max_rows: 1000, max_seconds: 1}}
+"""
+
+
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory, broker: RedisServer) -> Iterator[Deployment]:
     configs = {"digits": (REPO / "pipelines_config" / "digits.yaml").read_text(), "retrain": RETRAIN,
-               "ondata": ONDATA}
+               "ondata": ONDATA + ondata_stream(broker.url)}
     # eight daily partitions ending yesterday: every backfill day below has its own two-day window
     with running_pipelines(tmp_path_factory.mktemp("operating"), configs, data_days=8) as (services, volume, server):
         yield Deployment(services, volume, server)
@@ -230,6 +250,48 @@ def test_registering_new_data_starts_the_asset_scheduled_pipeline(deployment: De
                           ("prepare_data", 1, "file group 1", "success"),
                           ("validate_data", 0, "file group 0", "success"),
                           ("validate_data", 1, "file group 1", "success")]
+
+
+def test_a_landed_stream_partition_starts_the_asset_scheduled_pipeline(deployment: Deployment,
+                                                                       broker: RedisServer) -> None:
+    """The lander (started by `trainyard stream`) writes today's partition from labelled events and registers
+    ondata's asset event: Airflow starts a run, and that run reads the landed file. The scorer beside it scores
+    events through the model the first ondata run deployed."""
+    import csv
+
+    api = deployment.api
+    before = {run["dag_run_id"] for run in api.dag_runs("ondata")}
+    assert before, "test_registering_new_data_starts_the_asset_scheduled_pipeline runs first (ondata is served)"
+    yesterday = deployment.volume / layout.DATASETS / "digits" / f"date={TODAY - dt.timedelta(days=1)}"
+    with next(yesterday.glob("*.csv")).open() as handle:
+        rows = [{name: float(value) if name != "digit" else int(value) for name, value in row.items()}
+                for row, _ in zip(csv.DictReader(handle), range(300), strict=False)]
+    client = broker.client()
+    produce(client, "ondata:labelled", [{**row, "key": f"d{index}"} for index, row in enumerate(rows)])
+    produce(client, "ondata:events", [{**{k: v for k, v in row.items() if k != "digit"}, "key": f"s{index}"}
+                                      for index, row in enumerate(rows[:50])])
+    started = deployment.services.trainyard("stream", "ondata", "--background")
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        run = wait_for("the run the landed partition starts",
+                       lambda: [r for r in api.dag_runs("ondata") if r["dag_run_id"] not in before], 120,
+                       every=1.0)[0]
+        assert run["run_type"] == "asset_triggered"
+        wait_for("50 scores", lambda: client.xlen("ondata:scores") == 50, 60, every=0.5)
+    finally:
+        stopped = deployment.services.trainyard("stream", "ondata", "--stop")
+    assert stopped.returncode == 0 and "ondata land stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    landed = sorted((deployment.volume / layout.DATASETS / "digits" / f"date={TODAY}").glob("part-*.csv"))
+    assert len(landed) == 1, landed
+    run = deployment.services.wait_run("ondata", run["dag_run_id"])
+    deployment.assert_success("ondata", run)
+    files = deployment.read("ondata", run["dag_run_id"], layout.INPUTS_MANIFEST)["files"]
+    assert any(landed[0].name in json.dumps(entry) for entry in files), files
+    scores = [json.loads(fields["data"]) for _, fields in client.xrange("ondata:scores")]
+    assert {s["model"] for s in scores} == {"ondata"} and all(s["version"] >= 1 for s in scores)
+    events = api.call("GET", "/assets/events", limit=100)["asset_events"]
+    assert any(e["extra"].get("source") == "trainyard stream land" and e["extra"].get("rows") == 300
+               for e in events), events
 
 
 def test_mark_data_refuses_a_pipeline_not_scheduled_on_data(deployment: Deployment) -> None:

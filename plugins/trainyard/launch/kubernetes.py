@@ -114,7 +114,8 @@ class KubernetesLauncher:
         return f"pod {name} failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
 
     def ensure_serving(self, config: PipelineConfig, log: logging.Logger) -> str:
-        """Create or patch the model's TF Serving Deployment and Service; their in-cluster gRPC address."""
+        """Create or patch the model's TF Serving Deployment and Service (and the stream Deployments when the config
+        has `stream:`); the in-cluster gRPC address of serving."""
         return apply_serving_objects(self.core, self.apps, config, log)
 
     def cluster_hosts(self, job: str, namespace: str, port: int, replicas: Replicas) -> dict[str, list[str]]:
