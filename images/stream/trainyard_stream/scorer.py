@@ -71,6 +71,7 @@ class Scorer:
         self.serving_outage = Outage(f"the served model {self.model!r} at {client.endpoint}", stop)
         self.counters = Counters()
         self.next_claim = 0.0
+        self.in_hand: set[str] = set()  # ids read and not yet written: never claimed back from ourselves
 
     def run(self) -> Counters:
         """Until SIGTERM: first what this consumer held before a restart, then reclaimed and new events."""
@@ -97,6 +98,8 @@ class Scorer:
             self.next_claim = time.monotonic() + self.stream.claim_idle_ms / 2000
             claimed = self.broker_call(lambda: self.broker.claim_idle(
                 source, group, self.consumer, self.stream.claim_idle_ms, limits.max_records))
+            # a long serving outage leaves our own batches idle as long: those are in hand, not a dead consumer's
+            claimed = [entry for entry in claimed if entry.id not in self.in_hand]
             if claimed:
                 log.info("reclaimed %d event(s) a stopped consumer held", len(claimed))
                 return claimed
@@ -154,6 +157,7 @@ class Scorer:
 
     def check(self, batch: Sequence[Entry]) -> Checked:
         checked = Checked([entry.id for entry in batch], [], [])
+        self.in_hand.update(checked.ids)
         for entry in batch:
             try:
                 checked.good.append((entry, self.schema.parse(entry.fields)))
@@ -178,6 +182,7 @@ class Scorer:
         """The batch's results and dead letters, and its acknowledgement, in one transaction."""
         self.broker_call(lambda: self.broker.write_and_ack(answered.outputs, self.stream.source,
                                                            self.stream.group, answered.ids))
+        self.in_hand.difference_update(answered.ids)
         self.counters.dead += answered.dead
         self.counters.scored += len(answered.ids) - answered.dead
 
