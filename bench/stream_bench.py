@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 
 from tests.integration.serving_helpers import Server, export_tiny_model  # noqa: E402
 from tests.integration.stream_helpers import RedisServer, produce, start, stop, stream_config  # noqa: E402
+from trainyard_contract import layout  # noqa: E402
 from trainyard_stream.serving_client import ServingClient  # noqa: E402
 
 BATCH = 64
@@ -140,11 +141,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         if args.model == "tiny":
-            export_tiny_model(folder / "models" / "tiny" / "1")
+            export_tiny_model(folder / layout.MODELS / "tiny" / "1")
         else:
-            export_mlp_model(folder / "models" / "tiny" / "1", 256)
+            export_mlp_model(folder / layout.MODELS / "tiny" / "1", 256)
         redis = RedisServer(folder / "redis").start()
-        server = Server(folder / "models").start(folder / "serving.log")
+        server = Server(folder / layout.MODELS).start(folder / "serving.log")
         try:
             directs, scoreds = [], []
             for round_ in range(args.rounds):  # alternated, so both see the same noise of a shared machine

@@ -138,7 +138,7 @@ def test_the_scorer_and_lander_deployments_on_the_cluster(core, apps, airflow_ku
         pipe.execute()
         wait_for("the labelled events landed", lambda: broker.xpending("churn:labelled", "trainyard-land")[
             "pending"] == 0 and int(broker.xinfo_groups("churn:labelled")[0]["lag"] or 0) == 0, 120)
-        landed = kubectl("-n", NS, "exec", "deploy/churn-stream-land", "--", "python", "-c",
+        landed = kubectl("-n", NS, "exec", "deployment/churn-stream-land", "--", "python", "-c",
                          "import glob, pyarrow.parquet as pq; print(sum(pq.read_metadata(p).num_rows for p in "
                          "glob.glob('/data/datasets/churn/date=*/part-*.parquet')))").stdout.decode()
         assert int(landed.strip()) == 300, landed
