@@ -84,26 +84,34 @@ def server_alive() -> bool:
 def stop_server(wait_seconds: float = 30.0) -> int:
     """SIGTERM the background server and return once it is gone (SIGKILL after `wait_seconds`), so a port it
     held is free and its models closed when this prints "stopped"."""
-    import signal
-    import time
 
     if not server_alive():
         serving_pid_file().unlink(missing_ok=True)
         print("trainyard serve: no server was running")
         return EXIT_OK
     pid = int(serving_pid_file().read_text().strip())
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + wait_seconds
-    while process_exists(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if process_exists(pid):
-        os.kill(pid, signal.SIGKILL)
-        while process_exists(pid) and time.monotonic() < deadline + 10:
-            time.sleep(0.1)
+    if terminate(pid, wait_seconds):
         print(f"trainyard serve: the server (pid {pid}) did not stop within {wait_seconds:g} s of SIGTERM; killed it")
     serving_pid_file().unlink(missing_ok=True)
     print(f"trainyard serve: stopped (pid {pid})")
     return EXIT_OK
+
+
+def terminate(pid: int, wait_seconds: float) -> bool:
+    """SIGTERM `pid` and return once it is gone; SIGKILL it when it outlives `wait_seconds` (then True)."""
+    import signal
+    import time
+
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_seconds
+    while process_exists(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not process_exists(pid):
+        return False
+    os.kill(pid, signal.SIGKILL)
+    while process_exists(pid) and time.monotonic() < deadline + 10:
+        time.sleep(0.1)
+    return True
 
 
 def process_exists(pid: int) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from trainyard import settings
 from trainyard.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, load_named
-from trainyard.commands.serving import process_exists
+from trainyard.commands.serving import process_exists, terminate
 from trainyard_contract.runtime import CONFIG_ENV
 from trainyard_contract.schema import PipelineConfig
 
@@ -136,12 +136,7 @@ def stop(config: PipelineConfig) -> int:
         pid_file.unlink(missing_ok=True)
         if pid is None:
             continue
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_SECONDS
-        while process_exists(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if process_exists(pid):
-            os.kill(pid, signal.SIGKILL)
+        if terminate(pid, STOP_SECONDS):
             print(f"trainyard stream: {role} (pid {pid}) did not stop within {STOP_SECONDS:g} s; killed it")
         print(f"trainyard stream: {config.name} {role} stopped (pid {pid})")
         stopped += 1
