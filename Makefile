@@ -39,7 +39,7 @@ test-services:
 
 test: bootstrap test-services
 	ruff check contract dags plugins images tests bench
-	python -m pytest tests
+	python -m pytest tests --durations=25  # the slowest tests, for keeping CI under its hour
 
 unit: bootstrap
 	python -m pytest tests/unit

@@ -186,3 +186,16 @@ def test_the_scorer_leaves_ranges_to_the_model_and_the_lander_does_not(pipelines
     with pytest.raises(Refused, match="'maybe' is not one of the classes"):
         lander.parse(fields({**GOOD, "churned": "maybe"}))
     assert lander.parse(fields({**GOOD, "churned": "churn"})).values["churned"] == "churn"
+    with pytest.raises(Refused, match="1 is not one of the classes"):
+        lander.parse(fields({**GOOD, "churned": 1}))  # a string label's classes are text
+
+
+def test_an_int_label_takes_a_whole_float_and_refuses_text(pipelines_dir: Path) -> None:
+    config = load_pipeline_file(pipelines_dir / "digits.yaml")
+    document = json.loads(config.model_dump_json())
+    document["stream"] = {"broker": "redis://127.0.0.1:6379/0", "source": "s", "sink": "r", "dead_letter": "d"}
+    lander = EventSchema(type(config).model_validate(document), "key", labelled=True)
+    row = {"key": "k", **{f"pixel_{i}": 0.0 for i in range(64)}}
+    assert lander.parse(fields({**row, "digit": 3.0})).values["digit"] == 3
+    with pytest.raises(Refused, match="'3' is not one of the classes"):
+        lander.parse(fields({**row, "digit": "3"}))

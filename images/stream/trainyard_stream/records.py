@@ -94,7 +94,10 @@ def check_label(label: Label, value: Any) -> Any:
     if value is None:
         raise Refused(f"label {label.name!r} is missing: landed events must be labelled")
     if label.task == "classification":
-        if isinstance(value, bool) or value not in (label.classes or []):
+        if label.dtype == "int" and isinstance(value, float) and value.is_integer():
+            value = int(value)  # 1.0 is class 1: the files store an int label
+        if isinstance(value, bool) or type(value) is not type((label.classes or [""])[0]) or \
+                value not in (label.classes or []):
             raise Refused(f"label {label.name!r}: {value!r} is not one of the classes {label.classes}")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
