@@ -315,3 +315,34 @@ def test_landing_survives_a_kill_mid_partition(redis_server: RedisServer, tmp_pa
 def group_lag(client, stream: str) -> int:  # noqa: ANN001
     groups = client.xinfo_groups(stream)
     return int(groups[0]["lag"] or 0)
+
+
+def test_a_restarted_lander_keeps_the_file_it_landed_before_the_kill(redis_server: RedisServer,
+                                                                     tmp_path: Path) -> None:
+    """Killed between a file's rename and the acknowledgement of its events: the restarted lander re-reads them,
+    drops the ones that file holds, lands the rest in a file of its own, and never writes over the first."""
+    import pandas as pd
+
+    land = {"source": "again:labelled", "dead_letter": "again:dead", "max_rows": 100, "max_seconds": 0.5}
+    config = stream_config(redis_server.url, "again", land=land)
+    client = redis_server.client()
+    produce(client, land["source"], [{"key": f"k{i}", "a": 1.0, "b": 2.0, "y": 1} for i in range(10)])
+    client.xgroup_create(land["source"], "trainyard-land", id="0")
+    ((_, held),) = client.xreadgroup("trainyard-land", "lander-x", {land["source"]: ">"}, count=10)
+    volume = tmp_path / "volume"
+    day = dt.datetime.fromtimestamp(int(held[0][0].split("-")[0]) / 1000, dt.UTC).date().isoformat()
+    folder = volume / config.data.source / f"date={day}"
+    folder.mkdir(parents=True)
+    first = folder / f"part-{held[0][0]}-lander-x.parquet"  # what the killed lander had renamed into place
+    pd.DataFrame({"a": [1.0] * 5, "b": [2.0] * 5, "y": [1] * 5,
+                  "_trainyard_key": [f"k{i}" for i in range(5)]}).to_parquet(first, index=False)
+    lander = start(config, "land", tmp_path / "land.log", "lander-x", volume=volume)
+    try:
+        wait_until("the held events acknowledged",
+                   lambda: client.xpending(land["source"], "trainyard-land")["pending"] == 0, 30)
+    finally:
+        assert stop(lander) == 0
+    assert list(pd.read_parquet(first)["_trainyard_key"]) == [f"k{i}" for i in range(5)]
+    keys = Counter(k for path in folder.glob("part-*.parquet") for k in pd.read_parquet(path)["_trainyard_key"])
+    assert keys == Counter({f"k{i}": 1 for i in range(10)})
+    assert "5 duplicate(s) by key dropped" in (tmp_path / "land.log").read_text()

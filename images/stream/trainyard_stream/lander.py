@@ -31,6 +31,7 @@ log = logging.getLogger("trainyard.stream")
 
 KEY_COLUMN = "_trainyard_key"  # the events' keys in each landed file (prepare reads only the configured columns)
 READ_COUNT = 1000
+MARK_RETRY_SECONDS = 30
 
 MarkAsset = Callable[[dict[str, Any]], object]
 
@@ -56,7 +57,8 @@ class Lander:
         self.held_ids: set[str] = set()
         self.opened: float | None = None
         self.landed_keys: dict[str, set[str]] = {}
-        self.unmarked: list[dict[str, Any]] = []
+        self.unmarked: list[dict[str, Any]] = []  # closed partitions whose asset event is not registered yet
+        self.next_mark = 0.0
         self.next_claim = 0.0
         self.files = 0
 
@@ -81,7 +83,8 @@ class Lander:
         while not self.stop.is_set():
             self.take(self.next_entries())
             self.close_if_due()
-            self.retry_marks()
+            if self.unmarked and time.monotonic() >= self.next_mark:
+                self.retry_marks()
         self.close()  # SIGTERM: land what is held rather than leave it for a redelivery
         return self.files
 
@@ -133,12 +136,16 @@ class Lander:
             items = self.held[day]
             landed = self.keys_landed(day)
             fresh: dict[str, dict[str, Any]] = {}
-            for _, values, key in items:
+            first_fresh = ""
+            for entry, values, key in items:
                 if key not in landed and key not in fresh:
                     fresh[key] = values
+                    first_fresh = first_fresh or entry.id
             path = None
             if fresh:
-                path = self.write_part(day, items[0][0].id, fresh)
+                # named after its first new event: an id no earlier file holds (its key is in none), so a restart
+                # that re-reads a landed batch never writes over the file that landed it
+                path = self.write_part(day, first_fresh, fresh)
                 landed.update(fresh)
             ids = [entry.id for entry, _, _ in items]
             self.broker_call(lambda i=ids: self.broker.ack(self.land.source, self.land.group, i))
@@ -157,6 +164,10 @@ class Lander:
         folder = self.dataset / f"{self.config.data.partition_key}={day}"
         suffix = self.config.data.format
         path = folder / f"part-{first_id}-{self.consumer}.{suffix}"
+        copy = 0
+        while path.exists():  # the same events landed under another key set: never replace a landed file
+            copy += 1
+            path = folder / f"part-{first_id}-{self.consumer}-{copy}.{suffix}"
         columns: dict[str, list[Any]] = {self.names.get(name, name): [row[name] for row in rows.values()]
                                          for name in next(iter(rows.values()))}
         columns[KEY_COLUMN] = list(rows)
@@ -183,8 +194,8 @@ class Lander:
         return self.landed_keys[day]
 
     def retry_marks(self) -> None:
-        """Register the asset events of closed partitions; an api-server that does not answer is retried later
-        (the files are in place whatever happens here)."""
+        """Register the asset events of closed partitions; an api-server that does not answer is retried after
+        MARK_RETRY_SECONDS and after the next partition (the files are in place whatever happens here)."""
         if self.mark_asset is None:
             self.unmarked.clear()
             return
@@ -192,8 +203,9 @@ class Lander:
             try:
                 self.mark_asset(self.unmarked[0])
             except Exception as exc:  # the REST client raises URLError, ApiError, LookupError alike
-                log.warning("could not register the asset event for %s (retried after the next partition): %s",
-                            self.unmarked[0]["partition"], exc)
+                self.next_mark = time.monotonic() + MARK_RETRY_SECONDS
+                log.warning("could not register the asset event for %s (retried in %d s, and after the next "
+                            "partition): %s", self.unmarked[0]["partition"], MARK_RETRY_SECONDS, exc)
                 return
             log.info("registered the asset event for %s", self.unmarked[0]["partition"])
             self.unmarked.pop(0)
