@@ -346,3 +346,34 @@ def test_a_restarted_lander_keeps_the_file_it_landed_before_the_kill(redis_serve
     keys = Counter(k for path in folder.glob("part-*.parquet") for k in pd.read_parquet(path)["_trainyard_key"])
     assert keys == Counter({f"k{i}": 1 for i in range(10)})
     assert "5 duplicate(s) by key dropped" in (tmp_path / "land.log").read_text()
+
+
+def test_a_broker_restarted_without_its_data_and_a_sink_of_the_wrong_type(models: Path, tmp_path: Path) -> None:
+    """A Redis restarted without persistence has lost the group: the scorer creates it again and goes on. A sink
+    key that holds something other than a stream is one clear line, and nothing is half-written."""
+    broker = RedisServer(tmp_path / "redis").start()
+    serving = Server(models).start(tmp_path / "serving.log")
+    config = stream_config(broker.url, "gone")
+    client = broker.client()
+    log = tmp_path / "score.log"
+    scorer = start(config, "score", log, "gone-1", endpoint=serving.grpc)
+    try:
+        broker.restart()
+        produce(client, "gone:events", [{"key": f"g{i}", "a": 1.0, "b": 0.0} for i in range(20)])
+        wait_until("results after the broker lost its data", lambda: client.xlen("gone:results") == 20, 60)
+        assert stop(scorer) == 0
+        assert "the group trainyard-score of gone:events was gone" in log.read_text()
+        client.set("wrong:results", "a string")
+        produce(client, "wrong:events", [{"key": "w", "a": 1.0, "b": 0.0}])
+        wrong = stream_config(broker.url, "wrong")
+        done = subprocess.run([sys.executable, "-m", "trainyard_stream", "score", "--endpoint", serving.grpc],
+                              env={**os.environ, CONFIG_ENV: wrong.model_dump_json()}, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert "the broker refused: WRONGTYPE wrong:results holds a string, not a stream" in done.stderr
+        assert client.xlen("wrong:dead") == 0 and client.xpending("wrong:events", "trainyard-score")["pending"] == 1
+    finally:
+        if scorer.poll() is None:
+            scorer.kill()
+        serving.stop()
+        broker.stop()

@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainyard_stream {args.command}: pipeline {config.name!r} has no `{section}:` section",
               file=sys.stderr)
         return EXIT_USAGE
+    import redis
+
     from trainyard_stream.broker import BrokerDown, Stopped, consumer_name
 
     logging.getLogger("trainyard.stream").setLevel(logging.INFO)
@@ -114,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             Lander(config, broker, args.volume, consumer_name("land"), stop, asset_marker(config)).run()
     except Stopped:
         log.info("stopped with a batch in hand: it stays pending for the next consumer")
+    except redis.ResponseError as exc:  # e.g. a sink key that holds another type: the config names the wrong key
+        print(f"trainyard_stream {args.command}: the broker refused: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 

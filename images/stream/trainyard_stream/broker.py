@@ -3,7 +3,7 @@
 What both need from a broker is the same five things: a consumer group that survives restarts, reading new entries,
 re-reading this consumer's own unacknowledged entries after a restart, taking over entries a dead consumer held
 (XAUTOCLAIM), and writing outputs together with the acknowledgement of their inputs, so an input is acknowledged
-only once its output exists (at-least-once). Redis runs that last step as one MULTI/EXEC transaction.
+only once its output exists (at-least-once). Redis runs that last step as one script, which it runs atomically.
 """
 
 from __future__ import annotations
@@ -58,7 +58,24 @@ class Broker(Protocol):
 # batch costs one command to encode rather than one per output (redis-py's encoding of a 64-XADD MULTI was most of
 # the scorer's CPU). KEYS: the input stream, then every stream written; ARGV: the group, the outputs as
 # [[key index, [field, value, ...]], ...], the ids to acknowledge.
+# Redis does not roll a script back when a command in it fails, so everything that could fail is checked before the
+# first write: each output key is a stream (or absent) and the group exists.
 WRITE_AND_ACK = """
+for i = 2, #KEYS do
+  local kind = redis.call('TYPE', KEYS[i]).ok
+  if kind ~= 'stream' and kind ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' holds a ' .. kind .. ', not a stream')
+  end
+end
+local found = false
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    if group[2] == ARGV[1] then found = true end
+  end
+end
+if not found then
+  return redis.error_reply('NOGROUP no group ' .. ARGV[1] .. ' on ' .. KEYS[1])
+end
 local outputs = cjson.decode(ARGV[2])
 for _, output in ipairs(outputs) do
   redis.call('XADD', KEYS[output[1]], '*', unpack(output[2]))
@@ -99,19 +116,34 @@ class RedisBroker:
             if "BUSYGROUP" not in str(exc):
                 raise
 
+    def grouped(self, stream: str, group: str, operation: Callable[[], T]) -> T:
+        """`operation()` on the group; a Redis restarted without persistence has lost the group (NOGROUP): it is
+        created again, at the stream's start, and the operation retried once."""
+        try:
+            return self.call(operation)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+        log.warning("the group %s of %s was gone (the broker restarted without its data?): created again", group,
+                    stream)
+        self.ensure_group(stream, group)
+        return self.call(operation)
+
     def read_new(self, stream: str, group: str, consumer: str, count: int, block_ms: int) -> list[Entry]:
-        answer = self.call(lambda: self.client.xreadgroup(group, consumer, {stream: ">"}, count=count,
-                                                          block=block_ms or None))
+        answer = self.grouped(stream, group, lambda: self.client.xreadgroup(
+            group, consumer, {stream: ">"}, count=count, block=block_ms or None))
         return entries(answer)
 
     def read_own_pending(self, stream: str, group: str, consumer: str, count: int, after: str = "0") -> list[Entry]:
         """What this consumer (same name) was given before a restart and never acknowledged, after id `after`."""
-        answer = self.call(lambda: self.client.xreadgroup(group, consumer, {stream: after}, count=count))
+        answer = self.grouped(stream, group, lambda: self.client.xreadgroup(group, consumer, {stream: after},
+                                                                           count=count))
         return entries(answer)
 
     def claim_idle(self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int) -> list[Entry]:
         """Entries another consumer has held for `min_idle_ms` without acknowledging them (it died)."""
-        answer = self.call(lambda: self.client.xautoclaim(stream, group, consumer, min_idle_ms, "0-0", count=count))
+        answer = self.grouped(stream, group, lambda: self.client.xautoclaim(stream, group, consumer, min_idle_ms,
+                                                                           "0-0", count=count))
         claimed = answer[1] if len(answer) > 1 else []
         return [Entry(id, dict(fields)) for id, fields in claimed if fields is not None]
 
@@ -126,7 +158,8 @@ class RedisBroker:
                 keys.append(target)
                 index[target] = len(keys)
             packed.append([index[target], [part for pair in fields.items() for part in pair]])
-        self.call(lambda: self.write_script(keys=keys, args=[group, orjson.dumps(packed), orjson.dumps(list(ids))]))
+        self.grouped(stream, group, lambda: self.write_script(
+            keys=keys, args=[group, orjson.dumps(packed), orjson.dumps(list(ids))]))
 
     def ack(self, stream: str, group: str, ids: Sequence[str]) -> None:
         if ids:
