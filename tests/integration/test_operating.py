@@ -100,16 +100,9 @@ stream:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory, broker: RedisServer) -> Iterator[Deployment]:
+def deployment(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Deployment]:
     configs = {"digits": (REPO / "pipelines_config" / "digits.yaml").read_text(), "retrain": RETRAIN,
-               "ondata": ONDATA + ondata_stream(broker.url)}
+               "ondata": ONDATA + ondata_stream(redis_server.url)}
     # eight daily partitions ending yesterday: every backfill day below has its own two-day window
     with running_pipelines(tmp_path_factory.mktemp("operating"), configs, data_days=8) as (services, volume, server):
         yield Deployment(services, volume, server)
@@ -253,7 +246,7 @@ def test_registering_new_data_starts_the_asset_scheduled_pipeline(deployment: De
 
 
 def test_a_landed_stream_partition_starts_the_asset_scheduled_pipeline(deployment: Deployment,
-                                                                       broker: RedisServer) -> None:
+                                                                       redis_server: RedisServer) -> None:
     """The lander (started by `trainyard stream`) writes today's partition from labelled events and registers
     ondata's asset event: Airflow starts a run, and that run reads the landed file. The scorer beside it scores
     events through the model the first ondata run deployed."""
@@ -267,7 +260,7 @@ def test_a_landed_stream_partition_starts_the_asset_scheduled_pipeline(deploymen
         rows = [{name: float(value) if name != "digit" else int(value) for name, value in row.items()}
                 for row in csv.DictReader(handle)]
     assert len(rows) > 100
-    client = broker.client()
+    client = redis_server.client()
     produce(client, "ondata:labelled", [{**row, "key": f"d{index}"} for index, row in enumerate(rows)])
     produce(client, "ondata:events", [{**{k: v for k, v in row.items() if k != "digit"}, "key": f"s{index}"}
                                       for index, row in enumerate(rows[:50])])

@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import orjson
 
@@ -31,7 +30,6 @@ from trainyard_stream.serving_client import Answer, ModelRefused, Pending, Servi
 log = logging.getLogger("trainyard.stream")
 
 Output = tuple[str, dict[str, str]]
-T = TypeVar("T")
 
 
 @dataclass
