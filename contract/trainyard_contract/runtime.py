@@ -12,6 +12,10 @@ import errno
 import json
 import logging
 import os
+import signal
+import socket
+import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,30 +177,64 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def exit_on_sigterm() -> None:
-    """Die on SIGTERM even as a container's PID 1.
+    """Exit 143 (128 + SIGTERM) on SIGTERM, even as a container's PID 1 and whichever thread the signal lands on.
 
     The kernel ignores a signal whose handler is the default for PID 1, which every stage process is in its pod,
     so without a handler a deleted pod (a lost replica, a stopped task, a cleanup sweep) ran out its whole grace
-    period: a chief kept training and writing checkpoints into the run folder after its job had failed. Outside a
-    container the process still dies by the signal itself, as it always did. Main thread only (Python's rule)."""
-    import signal
-    import sys
-    import threading
+    period: a chief kept training and writing checkpoints into the run folder after its job had failed.
 
-    if threading.current_thread() is not threading.main_thread():
+    A Python handler alone is not enough either: the kernel gives a process's signal to any thread that does not
+    block it (in a TensorFlow process, most often one of gRPC's many threads), and Python runs the handler in the
+    main thread only once that thread next runs Python code. A parameter server asleep in its serve loop or a chief
+    waiting in `coordinator.join()` did not, so it outlived SIGTERM (seen on CI). `_watch_for_sigterm` therefore
+    also stops the process from a thread of its own. One exit path (`os._exit(143)`, what a shell and the kubelet
+    report for a SIGTERM death either way), so the status does not depend on which thread got the signal. Main
+    thread only (Python's rule for handlers); a second call changes nothing."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is _stop_now:
+        return
+    signal.signal(signal.SIGTERM, _stop_now)
+    _watch_for_sigterm()
+
+
+def _stop_now(signum: int = signal.SIGTERM, frame: Any = None) -> None:
+    """Log, flush and exit 143 at once, from any thread (the main thread's handler or the watcher)."""
+    log.warning("SIGTERM: stopping now")
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + signal.SIGTERM)
+
+
+def _watch_for_sigterm() -> None:
+    """A daemon thread that runs `_stop_now` as soon as any thread of the process receives SIGTERM.
+
+    Python's C-level handler writes each caught signal's number to the wakeup fd from whichever thread the kernel
+    chose; this thread is blocked reading it, so it wakes at once even while the main thread waits in a sleep, a
+    lock or a C call that let go of the GIL. It stops the process only while `_stop_now` is still SIGTERM's handler:
+    an entrypoint that installs its own (the stream scorer drains its batch) keeps its behaviour. A fork's child
+    drops the wakeup fd, so its signals never stop the parent."""
+    reader, writer = socket.socketpair()  # not inheritable (PEP 446): an exec'd child does not get them
+    writer.setblocking(False)  # the C handler must never block
+    try:
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # not the main thread of the main interpreter: the handler alone does what it can
+        reader.close()
+        writer.close()
         return
 
-    def stop(signum: int, frame: Any) -> None:
-        log.warning("SIGTERM: stopping now")
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        if os.getpid() != 1:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-        os._exit(128 + signal.SIGTERM)
+    def watch() -> None:
+        # `writer` is held here for the life of the process: collected, its fd closes and the signals are lost
+        while writer.fileno() >= 0:
+            caught = reader.recv(64)
+            if signal.SIGTERM in caught and signal.getsignal(signal.SIGTERM) is _stop_now:
+                _stop_now()
 
-    signal.signal(signal.SIGTERM, stop)
+    def forget_in_child() -> None:
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(-1)
+
+    os.register_at_fork(after_in_child=forget_in_child)
+    threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:

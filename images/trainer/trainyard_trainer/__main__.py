@@ -59,7 +59,7 @@ def serve_forever(task) -> NoReturn:  # noqa: ANN001 - TaskConfig, imported lazi
     server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.role, task_index=task.index,
                                   protocol="grpc", start=True)
     log.info("%s %d serving on %s; it runs until the job stops it", task.role, task.index, server.target)
-    while True:  # not server.join(): a blocking C call would hold off the SIGTERM handler (runtime.exit_on_sigterm)
+    while True:  # until SIGTERM, which runtime.exit_on_sigterm turns into exit 143 whichever thread receives it
         time.sleep(3600)
 
 
